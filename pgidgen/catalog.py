@@ -1,0 +1,67 @@
+"""Reading a database's pgidgen catalog: the layout it holds, its shards, and foreign schemas in the way."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from .layout import Layout
+
+SHARD_SCHEMA_RE = re.compile(r"^shard_(0|[1-9][0-9]*)$")
+
+
+@dataclass
+class CatalogState:
+    """What one database holds, as far as pgidgen is concerned."""
+
+    has_catalog: bool = False
+    foreign_catalog: bool = False
+    layout: Layout | None = None
+    shard_count: int | None = None
+    generator: str | None = None
+    shards: dict[int, str] = field(default_factory=dict)  # shard -> state
+    shard_schemas: set[int] = field(default_factory=set)  # schemas named shard_N that exist
+    complete: set[int] = field(default_factory=set)  # shard schemas with both sequences and next_id()
+    server_version: int = 0
+
+    @property
+    def active(self) -> set[int]:
+        return {s for s, st in self.shards.items() if st in ("active", "moving")}
+
+
+def read_state(conn: psycopg.Connection[Any]) -> CatalogState:
+    st = CatalogState(server_version=conn.info.server_version)
+    row = conn.execute(
+        "SELECT n.oid, (SELECT c.oid FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'layout' AND c.relkind = 'r'),"
+        " obj_description(n.oid, 'pg_namespace') FROM pg_namespace n WHERE n.nspname = 'pgidgen'"
+    ).fetchone()
+    if row is not None:
+        if row[1] is None or row[2] != "pgidgen catalog":
+            st.foreign_catalog = True
+        else:
+            st.has_catalog = True
+    if st.has_catalog:
+        lay = conn.execute(
+            "SELECT epoch_ms, time_bits, shard_bits, sequence_bits, shard_count, generator FROM pgidgen.layout"
+        ).fetchone()
+        if lay is not None:
+            st.layout = Layout(epoch_ms=lay[0], time_bits=lay[1], shard_bits=lay[2], sequence_bits=lay[3])
+            st.shard_count = lay[4]
+            st.generator = lay[5]
+        st.shards = {int(s): str(state) for s, state in conn.execute("SELECT shard, state FROM pgidgen.shards")}
+    for (name, complete) in conn.execute(
+        """
+        SELECT n.nspname,
+               EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'pgidgen_counter' AND c.relkind = 'S')
+           AND EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'pgidgen_offset' AND c.relkind = 'S')
+           AND EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid AND p.proname = 'next_id' AND p.pronargs = 0)
+        FROM pg_namespace n WHERE n.nspname ~ '^shard_(0|[1-9][0-9]*)$'
+        """
+    ):
+        shard = int(name[len("shard_"):])
+        st.shard_schemas.add(shard)
+        if complete:
+            st.complete.add(shard)
+    return st

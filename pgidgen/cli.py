@@ -1,0 +1,270 @@
+"""The command line: thin click wrappers over the library; every PgidgenError becomes one line and exit 1."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import click
+
+from . import __version__
+from .config import Config, load_config
+from .errors import ConfigError, PgidgenError
+from .layout import INSTAGRAM_EPOCH_MS, Layout, parse_epoch, parse_id
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+
+
+class Group(click.Group):
+    """Turns pgidgen's errors into click's one-line errors, in one place."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PgidgenError as e:
+            if (ctx.obj or {}).get("traceback"):
+                raise
+            raise click.ClickException(e.render()) from None
+
+
+@click.group(cls=Group, context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="pgidgen")
+@click.option("--config", "config_path", metavar="PATH", envvar="PGIDGEN_CONFIG", help="Config file (default: ./pgidgen.toml).")
+@click.option("--traceback", is_flag=True, hidden=True, help="Show Python tracebacks (for bug reports).")
+@click.pass_context
+def main(ctx: click.Context, config_path: str | None, traceback: bool) -> None:
+    """pgidgen: Instagram-style sharded 64-bit IDs for PostgreSQL."""
+    ctx.obj = {"config_path": config_path, "traceback": traceback}
+
+
+def get_config(ctx: click.Context, *, required: bool = True) -> Config:
+    return load_config(ctx.obj.get("config_path"), required=required)
+
+
+def interactive(as_json: bool) -> bool:
+    return not as_json and sys.stderr.isatty()
+
+
+class Bar:
+    """A progress bar on a terminal; silent with --json or when stderr is not a tty."""
+
+    def __init__(self, enabled: bool, label: str) -> None:
+        self.enabled = enabled
+        self.label = label
+        self._bar: Any = None
+
+    def start(self, total: int) -> None:
+        if self.enabled and total > 0:
+            self._bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True)
+            self._bar.__enter__()
+
+    def advance(self, n: int) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+
+
+def report(outcomes: list[Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps([o.as_dict() for o in outcomes], indent=2))
+    else:
+        for o in outcomes:
+            line = f"{o.database}: {o.summary}"
+            if o.error:
+                line += f": {o.error}"
+            click.echo(line)
+    failed = [o.database for o in outcomes if not o.ok]
+    if failed:
+        raise click.ClickException(f"{len(failed)} of {len(outcomes)} databases failed ({', '.join(failed)}); the others are as reported above")
+
+
+def print_sql(per_database: dict[str, str]) -> None:
+    for name, text in per_database.items():
+        click.echo(f"-- ===== database {name} =====")
+        click.echo("BEGIN;")
+        click.echo(text.rstrip("\n"))
+        click.echo("COMMIT;")
+
+
+# -- layout --------------------------------------------------------------------------------------------
+
+
+@main.command("layout")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def layout_cmd(ctx: click.Context, as_json: bool) -> None:
+    """Show the ID layout and its capacity: shards, IDs per ms per shard, when time runs out."""
+    layout = get_config(ctx, required=False).layout
+    info = layout.as_dict()
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"epoch:            {info['epoch']} ({layout.epoch_ms} ms)")
+    click.echo(f"bits:             {layout.time_bits} time | {layout.shard_bits} shard | {layout.sequence_bits} sequence")
+    click.echo(f"shards:           up to {layout.max_shards}")
+    click.echo(f"IDs per ms:       {layout.ids_per_ms} per shard ({layout.ids_per_ms * 1000:,} per second per shard)")
+    click.echo(f"time runs out:    {info['runs_out']} ({layout.years:.1f} years after the epoch)")
+
+
+# -- init ----------------------------------------------------------------------------------------------
+
+
+@main.command("init")
+@click.option("--shards", type=int, required=True, help="Number of logical shards (fixed for the life of the data).")
+@click.option("--databases", metavar="NAMES", help="Comma-separated databases to spread new shards over (default: all).")
+@click.option("--grant", "grant_roles", multiple=True, metavar="ROLE", help="Let ROLE use the shards (repeatable).")
+@click.option("--sql", "sql_only", is_flag=True, help="Print the SQL per database without connecting anywhere.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report, no progress bar.")
+@click.pass_context
+def init_cmd(ctx: click.Context, shards: int, databases: str | None, grant_roles: tuple[str, ...], sql_only: bool, as_json: bool) -> None:
+    """Create the catalog and the shard schemas, each with its sequences and next_id()."""
+    from .init import init, offline_plan, render_init
+
+    config = get_config(ctx)
+    names = config.select(databases)
+    if sql_only:
+        print_sql(render_init(offline_plan(config, shards, names, grant_roles=grant_roles)))
+        return
+    bar = Bar(interactive(as_json), "creating shards")
+    try:
+        outcomes = init(config, shards, names, grant_roles=grant_roles, progress=bar.advance, on_plan=lambda p: bar.start(p.total))
+    finally:
+        bar.close()
+    report(outcomes, as_json)
+    if not as_json and not any(o.changed for o in outcomes):
+        click.echo("nothing to do: every shard already exists")
+
+
+# -- decode --------------------------------------------------------------------------------------------
+
+
+def _stdin_lines() -> Iterator[str]:
+    yield from sys.stdin
+
+
+@main.command("decode")
+@click.argument("ids", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per ID: id, timestamp, shard, sequence.")
+@click.option("--epoch", help="Epoch (ms or ISO-8601) instead of the config's.")
+@click.option("--shard-bits", type=int, help="Shard bits instead of the config's.")
+@click.option("--sequence-bits", type=int, help="Sequence bits instead of the config's.")
+@click.option("--time-bits", type=int, help="Time bits (default: what remains below the sign bit).")
+@click.option("--instagram", is_flag=True, help="Instagram's published layout: 41/13/10 bits, epoch 1314220021721.")
+@click.pass_context
+def decode_cmd(
+    ctx: click.Context,
+    ids: tuple[str, ...],
+    as_json: bool,
+    epoch: str | None,
+    shard_bits: int | None,
+    sequence_bits: int | None,
+    time_bits: int | None,
+    instagram: bool,
+) -> None:
+    """Decode IDs (arguments, or one per line on stdin) into time, shard and sequence."""
+    from .decode import decode_lines
+
+    layout = get_config(ctx, required=False).layout
+    if instagram:
+        layout = Layout(epoch_ms=INSTAGRAM_EPOCH_MS, time_bits=41, shard_bits=13, sequence_bits=10)
+    if any(v is not None for v in (epoch, shard_bits, sequence_bits, time_bits)):
+        layout = Layout.make(
+            epoch_ms=parse_epoch(epoch) if epoch is not None else layout.epoch_ms,
+            shard_bits=shard_bits if shard_bits is not None else layout.shard_bits,
+            sequence_bits=sequence_bits if sequence_bits is not None else layout.sequence_bits,
+            time_bits=time_bits,
+            for_generation=False,
+        )
+    for text in ids:
+        parse_id(text)  # arguments are checked up front, so a bad one prints nothing
+    source = ids if ids else _stdin_lines()
+    write = sys.stdout.write
+    for line in decode_lines(layout, source, as_json=as_json):
+        write(line + "\n")
+
+
+# -- map -----------------------------------------------------------------------------------------------
+
+
+def _map(ctx: click.Context, as_json: bool) -> None:
+    from .shardmap import read_map
+
+    m = read_map(get_config(ctx))
+    if as_json:
+        click.echo(json.dumps(m.as_dict(), indent=2))
+    else:
+        from .ranges import collapse
+
+        click.echo(f"shard count: {m.shard_count if m.shard_count is not None else 'not initialised'}")
+        for name, shards in m.databases.items():
+            line = f"{name}: {len(shards)} shards {collapse(shards) or '-'}"
+            if m.retired.get(name):
+                line += f" (retired copies: {collapse(m.retired[name])})"
+            click.echo(line)
+        for name, err in m.unreachable.items():
+            click.echo(f"{name}: UNREACHABLE: {err}")
+        for p in m.problems:
+            click.echo(f"PROBLEM: {p}")
+        if m.ok:
+            click.echo("ok: every shard is in exactly one database")
+    if not m.ok:
+        ctx.exit(1)
+
+
+@main.command("map")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def map_cmd(ctx: click.Context, as_json: bool) -> None:
+    """Show which database holds which shards, and anything inconsistent (exit 1 if so)."""
+    _map(ctx, as_json)
+
+
+@main.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def status_cmd(ctx: click.Context, as_json: bool) -> None:
+    """Same as map."""
+    _map(ctx, as_json)
+
+
+# -- sandbox -------------------------------------------------------------------------------------------
+
+
+@main.group("sandbox", cls=Group)
+def sandbox_group() -> None:
+    """Throwaway local PostgreSQL servers to try pgidgen on."""
+
+
+@sandbox_group.command("up")
+@click.option("--databases", "count", type=int, default=2, show_default=True, help="How many servers to start.")
+@click.option("--dir", "directory", default=".pgidgen-sandbox", show_default=True, help="Where the sandbox keeps its state.")
+@click.option("--write-config", "config_out", default="pgidgen.toml", show_default=True, help="Config file to write.")
+@click.option("--force", is_flag=True, help="Overwrite an existing config file.")
+def sandbox_up(count: int, directory: str, config_out: str, force: bool) -> None:
+    """Start throwaway servers db1..dbN and write a config pointing at them."""
+    from .config import write_config
+    from .sandbox import up
+
+    out = Path(config_out)
+    if out.exists() and not force:
+        raise ConfigError(f"{out} already exists", hint="pass --force to overwrite it, or --write-config OTHER.toml")
+    servers = up(Path(directory), count)
+    write_config(out, Layout.make(), {s.name: s.dsn for s in servers})
+    for s in servers:
+        click.echo(f"{s.name}: {s.dsn}")
+    click.echo(f"wrote {out}")
+
+
+@sandbox_group.command("down")
+@click.option("--dir", "directory", default=".pgidgen-sandbox", show_default=True, help="Where the sandbox keeps its state.")
+def sandbox_down(directory: str) -> None:
+    """Stop the sandbox servers and delete their data."""
+    from .sandbox import down
+
+    servers = down(Path(directory))
+    click.echo(f"stopped and removed {', '.join(s.name for s in servers)}")

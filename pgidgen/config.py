@@ -1,0 +1,179 @@
+"""pgidgen.toml: the layout and the physical databases. Secrets come from the environment, never the file."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import psycopg.conninfo
+
+from .errors import ConfigError
+from .layout import DEFAULT_EPOCH_MS, DEFAULT_SEQUENCE_BITS, DEFAULT_SHARD_BITS, Layout, parse_epoch
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_NAME = "pgidgen.toml"
+ENV_VAR = "PGIDGEN_CONFIG"
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,62}$")
+_INTERP_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass(frozen=True)
+class Config:
+    layout: Layout
+    databases: dict[str, str] = field(default_factory=dict)
+    path: Path | None = None
+
+    def dsn(self, name: str) -> str:
+        try:
+            return self.databases[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown database {name!r}",
+                where=str(self.path) if self.path else None,
+                hint=f"configured databases are: {', '.join(self.databases) or 'none'}",
+            ) from None
+
+    def select(self, names: str | list[str] | None) -> list[str]:
+        """Database names from a comma-separated option, in config order when none are named."""
+        if not self.databases:
+            raise ConfigError(
+                "no databases are configured",
+                where=str(self.path) if self.path else None,
+                hint="add a [databases] section, or run 'pgidgen sandbox up' for local throwaway servers",
+            )
+        if names is None:
+            return list(self.databases)
+        items = names.split(",") if isinstance(names, str) else list(names)
+        chosen: list[str] = []
+        for raw in items:
+            name = raw.strip()
+            if not name:
+                continue
+            self.dsn(name)
+            if name not in chosen:
+                chosen.append(name)
+        if not chosen:
+            raise ConfigError("--databases names no database", hint="give names like db1,db2")
+        return chosen
+
+
+def find_config_path(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env)
+    local = Path.cwd() / DEFAULT_NAME
+    return local if local.exists() else None
+
+
+def load_config(explicit: str | os.PathLike[str] | None = None, *, required: bool = True) -> Config:
+    path = find_config_path(explicit)
+    if path is None:
+        if required:
+            raise ConfigError(
+                f"no {DEFAULT_NAME} in {Path.cwd()}",
+                hint=f"pass --config PATH, set {ENV_VAR}, or run 'pgidgen sandbox up' to create one",
+            )
+        return Config(layout=Layout.make())
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist", hint=f"pass an existing file to --config or {ENV_VAR}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}", hint="fix the file") from None
+    return config_from_dict(data, path=path)
+
+
+def config_from_dict(data: Mapping[str, Any], *, path: Path | None = None) -> Config:
+    where = str(path) if path else None
+    unknown = set(data) - {"layout", "databases"}
+    if unknown:
+        raise ConfigError(f"unknown section(s) {', '.join(sorted(unknown))}", where=where, hint="use [layout] and [databases]")
+    layout_data = dict(data.get("layout", {}))
+    known = {"epoch", "shard_bits", "sequence_bits", "time_bits"}
+    extra = set(layout_data) - known
+    if extra:
+        raise ConfigError(f"unknown [layout] key(s) {', '.join(sorted(extra))}", where=where, hint=f"use {', '.join(sorted(known))}")
+    try:
+        layout = Layout.make(
+            epoch_ms=parse_epoch(layout_data.get("epoch", DEFAULT_EPOCH_MS)),
+            shard_bits=layout_data.get("shard_bits", DEFAULT_SHARD_BITS),
+            sequence_bits=layout_data.get("sequence_bits", DEFAULT_SEQUENCE_BITS),
+            time_bits=layout_data.get("time_bits"),
+        )
+    except ConfigError as e:
+        e.where = e.where or where
+        raise type(e)(e.what, where=e.where, hint=e.hint) from None
+    databases: dict[str, str] = {}
+    for name, value in dict(data.get("databases", {})).items():
+        if not _NAME_RE.match(name):
+            raise ConfigError(f"database name {name!r} is not a plain name", where=where, hint="use letters, digits, _ and -")
+        if not isinstance(value, str):
+            raise ConfigError(f"database {name} must be a connection string", where=where)
+        if password_in(value):
+            raise ConfigError(
+                f"the connection string of {name} contains a password",
+                where=where,
+                hint="keep secrets out of the file: use ${VAR} interpolation, PGPASSWORD or ~/.pgpass",
+            )
+        databases[name] = interpolate(value, name=name, where=where)
+    return Config(layout=layout, databases=databases, path=path)
+
+
+def interpolate(value: str, *, name: str, where: str | None) -> str:
+    def sub(m: re.Match[str]) -> str:
+        var = m.group(1)
+        if var not in os.environ:
+            raise ConfigError(f"database {name} uses ${{{var}}}, which is not set", where=where, hint=f"export {var}")
+        return os.environ[var]
+
+    return _INTERP_RE.sub(sub, value)
+
+
+def password_in(dsn: str) -> bool:
+    if _INTERP_RE.search(dsn):
+        dsn = _INTERP_RE.sub("x", dsn)
+    try:
+        return bool(psycopg.conninfo.conninfo_to_dict(dsn).get("password"))
+    except psycopg.ProgrammingError:
+        return False
+
+
+def describe_dsn(dsn: str) -> str:
+    """host:port/dbname of a connection string, with no user secrets, for messages."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "an unparsable connection string"
+    host = str(params.get("host") or "localhost")
+    port = str(params.get("port") or "5432")
+    db = str(params.get("dbname") or params.get("user") or "")
+    return f"{host}:{port}/{db}"
+
+
+def write_config(path: Path, layout: Layout, databases: Mapping[str, str]) -> None:
+    from .layout import iso_ms
+
+    lines = [
+        "# written by pgidgen",
+        "[layout]",
+        f'epoch = "{iso_ms(layout.epoch_ms)}"',
+        f"shard_bits = {layout.shard_bits}",
+        f"sequence_bits = {layout.sequence_bits}",
+        "",
+        "[databases]",
+    ]
+    lines += [f'{name} = "{dsn}"' for name, dsn in databases.items()]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -1,0 +1,111 @@
+"""Where databases are talked to: connecting with safe error messages, and the one small executor.
+
+Errors name the database by its config name and host:port/dbname, never the password.
+"""
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+import psycopg
+
+from .config import describe_dsn
+from .errors import DatabaseError, PgidgenError
+
+T = TypeVar("T")
+CONNECT_TIMEOUT = 10
+_PASSWORD_RE = re.compile(r"(password\s*=\s*)(\S+)|(://[^:/@\s]*:)([^@\s]*)(@)", re.I)
+
+
+def scrub(text: str) -> str:
+    """Remove anything that looks like a password from a message."""
+    return _PASSWORD_RE.sub(lambda m: (m.group(1) + "***") if m.group(1) else (m.group(3) + "***" + m.group(5)), text)
+
+
+def pg_message(e: BaseException) -> str:
+    """The server's primary message (and SQLSTATE) of a psycopg error, on one line."""
+    diag = getattr(e, "diag", None)
+    primary = getattr(diag, "message_primary", None) if diag is not None else None
+    text = primary or " ".join(str(e).split()) or type(e).__name__
+    state = getattr(e, "sqlstate", None)
+    if state:
+        text = f"{text} [SQLSTATE {state}]"
+    return scrub(text)
+
+
+def connect(name: str, dsn: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT, application_name="pgidgen", **kwargs)
+    except psycopg.OperationalError as e:
+        raise DatabaseError(
+            f"cannot connect to database {name} ({describe_dsn(dsn)}): {pg_message(e)}",
+            hint="check that the server is running and the connection string in the config is right",
+        ) from None
+    except psycopg.ProgrammingError as e:
+        raise DatabaseError(f"database {name} has an invalid connection string: {pg_message(e)}", hint="fix it in the config") from None
+
+
+def translate(name: str, e: psycopg.Error, *, doing: str) -> DatabaseError:
+    hint = "see the server's log for details"
+    if getattr(e, "sqlstate", None) == "53200":
+        hint = "raise max_locks_per_transaction on the server (creating many shards locks many objects), or use more databases"
+    elif isinstance(e, psycopg.OperationalError):
+        hint = "check that the server is running and reachable"
+    return DatabaseError(f"database {name} failed while {doing}: {pg_message(e)}", hint=hint)
+
+
+@contextmanager
+def transaction(name: str, dsn: str, *, doing: str) -> Iterator[psycopg.Connection[Any]]:
+    """One transaction on one database; any error rolls it back and becomes a DatabaseError."""
+    conn = connect(name, dsn)
+    try:
+        with conn:
+            yield conn
+    except psycopg.Error as e:
+        raise translate(name, e, doing=doing) from None
+    finally:
+        conn.close()
+
+
+@dataclass
+class Outcome:
+    """What happened on one database."""
+
+    database: str
+    ok: bool = True
+    changed: bool = False
+    summary: str = ""
+    error: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"database": self.database, "ok": self.ok, "changed": self.changed, "summary": self.summary}
+        if self.error:
+            out["error"] = self.error
+        out.update(self.details)
+        return out
+
+
+def each_database(names: Sequence[str], work: Callable[[str], T], *, parallel: bool = True) -> dict[str, T | PgidgenError]:
+    """Run work(name) for every database, in parallel threads; a PgidgenError is returned, not raised."""
+
+    def guarded(name: str) -> T | PgidgenError:
+        try:
+            return work(name)
+        except PgidgenError as e:
+            return e
+
+    if not parallel or len(names) < 2:
+        return {name: guarded(name) for name in names}
+    with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
+        futures = {name: pool.submit(guarded, name) for name in names}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def execute_script(conn: psycopg.Connection[Any], script: str) -> None:
+    """Run literal SQL (no parameters): several statements go in one round trip."""
+    if script.strip():
+        conn.execute(script.encode("utf-8"))  # bytes: no placeholder parsing, sent as written

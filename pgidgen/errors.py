@@ -1,0 +1,48 @@
+"""One error root; the CLI turns every PgidgenError into a one-line message and exit status 1."""
+from __future__ import annotations
+
+
+class PgidgenError(Exception):
+    """Something the user can fix: the message says what is wrong and what to do."""
+
+    def __init__(self, what: str, *, where: str | None = None, hint: str | None = None) -> None:
+        self.what = what
+        self.where = where
+        self.hint = hint
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        text = self.what
+        if self.where:
+            text += f" ({self.where})"
+        if self.hint:
+            text += f": {self.hint}"
+        return text
+
+
+class ConfigError(PgidgenError):
+    """The configuration file or the options given are wrong."""
+
+
+class LayoutError(ConfigError):
+    """The bit layout cannot hold what was asked of it."""
+
+
+class InputError(PgidgenError):
+    """A value given on the command line or stdin is malformed."""
+
+
+class DatabaseError(PgidgenError):
+    """A database refused, failed or could not be reached."""
+
+
+class ConflictError(DatabaseError):
+    """The databases hold something that pgidgen will not overwrite."""
+
+
+class TemplateError(PgidgenError):
+    """A SQL template failed to render (a bug in pgidgen or a custom template)."""
+
+
+class SandboxError(PgidgenError):
+    """Local throwaway servers could not be started or stopped."""

@@ -1,0 +1,216 @@
+"""`pgidgen init`: the catalog and the shard schemas, spread over the databases in contiguous ranges.
+
+Policy: one transaction per database. Each database either gets everything planned for it or nothing; the
+report says per database what happened. Databases run in parallel.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .catalog import CatalogState, read_state
+from .config import Config
+from .db import Outcome, connect, each_database, execute_script, transaction
+from .errors import ConfigError, ConflictError, DatabaseError, PgidgenError
+from .idgen import DEFAULT_GENERATOR, LOCK_CLASS, render_catalog, render_catalog_grants, render_shard, schema_name
+from .layout import Layout
+from .ranges import collapse
+
+BATCH = 100
+Progress = Callable[[int], None]
+
+
+@dataclass
+class InitPlan:
+    """What init will create where: shards per database (the rendering twin works from this alone)."""
+
+    layout: Layout
+    shard_count: int
+    assignment: dict[str, list[int]]
+    install_catalog: dict[str, bool]
+    grant_roles: tuple[str, ...] = ()
+    generator: str = DEFAULT_GENERATOR
+
+    @property
+    def total(self) -> int:
+        return sum(len(v) for v in self.assignment.values())
+
+
+def spread(shard_count: int, databases: Sequence[str]) -> dict[str, list[int]]:
+    """Even contiguous ranges: shard i goes to databases[i * len // count]."""
+    n = len(databases)
+    out: dict[str, list[int]] = {name: [] for name in databases}
+    for shard in range(shard_count):
+        out[databases[shard * n // shard_count]].append(shard)
+    return out
+
+
+def check_roles(roles: Sequence[str]) -> tuple[str, ...]:
+    cleaned = tuple(r.strip() for r in roles if r.strip())
+    for r in cleaned:
+        if len(r) > 63:
+            raise ConfigError(f"role name {r[:20]}... is longer than 63 characters")
+    return cleaned
+
+
+def offline_plan(config: Config, shard_count: int, databases: Sequence[str], *, grant_roles: Sequence[str] = ()) -> InitPlan:
+    """The plan for empty databases, without connecting (for --sql)."""
+    config.layout.check_shard_count(shard_count)
+    return InitPlan(
+        layout=config.layout,
+        shard_count=shard_count,
+        assignment=spread(shard_count, databases),
+        install_catalog={name: True for name in databases},
+        grant_roles=check_roles(grant_roles),
+    )
+
+
+def render_init(plan: InitPlan) -> dict[str, str]:
+    """Per database, the SQL init runs there (one transaction)."""
+    return {name: "".join(render_database(plan, name)) for name in plan.assignment}
+
+
+def render_database(plan: InitPlan, name: str) -> list[str]:
+    """Chunks of SQL for one database: the catalog, then batches of shards."""
+    chunks: list[str] = []
+    head = f"-- pgidgen init: database {name}\n"
+    if plan.install_catalog.get(name, True):
+        head += render_catalog(plan.layout, shard_count=plan.shard_count, generator=plan.generator)
+    if plan.grant_roles:
+        head += render_catalog_grants(plan.grant_roles)
+    chunks.append(head)
+    shards = plan.assignment[name]
+    for i in range(0, len(shards), BATCH):
+        chunks.append("".join(render_shard(plan.layout, s, grant_roles=plan.grant_roles, generator=plan.generator) for s in shards[i:i + BATCH]))
+    return chunks
+
+
+def read_all(config: Config, names: Sequence[str]) -> dict[str, CatalogState]:
+    def work(name: str) -> CatalogState:
+        conn = connect(name, config.dsn(name), autocommit=True)
+        try:
+            return read_state(conn)
+        finally:
+            conn.close()
+
+    results = each_database(names, work)
+    for name, res in results.items():
+        if isinstance(res, PgidgenError):
+            raise res
+    return results  # type: ignore[return-value]
+
+
+def check_layouts(config: Config, states: dict[str, CatalogState], shard_count: int | None) -> None:
+    for name, st in states.items():
+        if st.foreign_catalog:
+            raise ConflictError(
+                f"database {name} has a schema named pgidgen that pgidgen did not create",
+                hint="rename or drop that schema; pgidgen never writes into a schema it does not own",
+            )
+        if st.layout is not None and st.layout != config.layout:
+            raise ConflictError(
+                f"database {name} was initialised with a different layout ({_describe(st.layout)}) than the config ({_describe(config.layout)})",
+                hint="the layout must never change under existing IDs: restore the [layout] the database has",
+            )
+        if shard_count is not None and st.shard_count is not None and st.shard_count != shard_count:
+            raise ConflictError(
+                f"database {name} was initialised with {st.shard_count} shards, not {shard_count}",
+                hint=f"keys are routed by shard count: run init with --shards {st.shard_count}",
+            )
+
+
+def _describe(layout: Layout) -> str:
+    return f"epoch {layout.epoch_ms}, {layout.time_bits}/{layout.shard_bits}/{layout.sequence_bits} bits"
+
+
+def plan_init(
+    config: Config,
+    shard_count: int,
+    databases: Sequence[str],
+    *,
+    grant_roles: Sequence[str] = (),
+) -> tuple[InitPlan, dict[str, CatalogState]]:
+    """Read every configured database and plan only what is missing: shards that exist anywhere stay put."""
+    config.layout.check_shard_count(shard_count)
+    roles = check_roles(grant_roles)
+    states = read_all(config, list(config.databases))
+    check_layouts(config, states, shard_count)
+    present: dict[int, list[str]] = {}
+    for name, st in states.items():
+        for s in st.active:
+            present.setdefault(s, []).append(name)
+    target = spread(shard_count, databases)
+    assignment: dict[str, list[int]] = {name: [] for name in databases}
+    for name, shards in target.items():
+        st = states[name]
+        for s in shards:
+            if s in present:
+                continue
+            if s in st.shard_schemas:
+                raise ConflictError(
+                    f"database {name} already has a schema {schema_name(s)} that pgidgen did not create",
+                    hint="rename or drop it; pgidgen never clobbers a schema it does not own",
+                )
+            assignment[name].append(s)
+    install = {name: not states[name].has_catalog or states[name].layout is None for name in databases}
+    return InitPlan(config.layout, shard_count, assignment, install, roles), states
+
+
+def init(
+    config: Config,
+    shard_count: int,
+    databases: Sequence[str] | None = None,
+    *,
+    grant_roles: Sequence[str] = (),
+    progress: Progress | None = None,
+    on_plan: Callable[[InitPlan], None] | None = None,
+) -> list[Outcome]:
+    """Create what is missing; on_plan sees the plan before anything runs (to size a progress bar)."""
+    names = config.select(list(databases) if databases else None)
+    plan, states = plan_init(config, shard_count, names, grant_roles=grant_roles)
+    if on_plan is not None:
+        on_plan(plan)
+    lock = threading.Lock()
+
+    def tick(n: int) -> None:
+        if progress is not None:
+            with lock:
+                progress(n)
+
+    def work(name: str) -> Outcome:
+        shards = plan.assignment[name]
+        needs_work = bool(shards) or plan.install_catalog[name] or bool(plan.grant_roles)
+        if not needs_work:
+            held = sorted(states[name].active)
+            return Outcome(name, changed=False, summary=f"unchanged (holds {len(held)} shards: {collapse(held) or 'none'})")
+        chunks = render_database(plan, name)
+        with transaction(name, config.dsn(name), doing="initialising shards") as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (LOCK_CLASS,))
+            again = read_state(conn)
+            if again.active != states[name].active or again.has_catalog != states[name].has_catalog:
+                raise DatabaseError(f"database {name} changed while init was planning", hint="another init ran at the same time; run init again")
+            execute_script(conn, chunks[0])
+            done = 0
+            for chunk in chunks[1:]:
+                execute_script(conn, chunk)
+                n = min(BATCH, len(shards) - done)
+                done += n
+                tick(n)
+        parts = []
+        if plan.install_catalog[name]:
+            parts.append("catalog installed")
+        parts.append(f"created {len(shards)} shards ({collapse(shards) or 'none'})")
+        if plan.grant_roles:
+            parts.append(f"granted to {', '.join(plan.grant_roles)}")
+        return Outcome(name, changed=True, summary=", ".join(parts), details={"created": len(shards)})
+
+    results = each_database(names, work)
+    outcomes: list[Outcome] = []
+    for name in names:
+        res = results[name]
+        if isinstance(res, PgidgenError):
+            outcomes.append(Outcome(name, ok=False, summary="failed, rolled back", error=res.render()))
+        else:
+            outcomes.append(res)
+    return outcomes

@@ -1,0 +1,35 @@
+"""Shard numbers as collapsed ranges: [0, 1, 2, 5] <-> "0-2,5"."""
+from __future__ import annotations
+
+from typing import Iterable
+
+from .errors import InputError
+
+
+def collapse(shards: Iterable[int]) -> str:
+    items = sorted(set(shards))
+    parts: list[str] = []
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        parts.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def expand(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise InputError(f"{part!r} is not a shard number or range", hint="write shards like 0-99,120")
+        a, b = int(lo), int(hi) if hi else int(lo)
+        if b < a:
+            raise InputError(f"range {part} runs backwards", hint="write the smaller number first")
+        out.extend(range(a, b + 1))
+    return out

@@ -1,0 +1,98 @@
+"""The shard map: which database holds which shards, read from every database's catalog, and what is wrong."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .catalog import CatalogState, read_state
+from .config import Config
+from .db import connect, each_database
+from .errors import PgidgenError
+from .idgen import schema_name
+from .ranges import collapse
+
+
+@dataclass
+class ShardMap:
+    shard_count: int | None
+    databases: dict[str, list[int]] = field(default_factory=dict)  # active shards per database
+    retired: dict[str, list[int]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    unreachable: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.unreachable
+
+    def owner(self) -> dict[int, str]:
+        return {s: name for name, shards in self.databases.items() for s in shards}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "shard_count": self.shard_count,
+            "databases": {name: {"shards": collapse(s), "count": len(s)} for name, s in self.databases.items()},
+            "retired": {name: collapse(s) for name, s in self.retired.items() if s},
+            "unreachable": self.unreachable,
+            "problems": self.problems,
+            "ok": self.ok,
+        }
+
+
+def read_map(config: Config) -> ShardMap:
+    names = config.select(None)
+
+    def work(name: str) -> CatalogState:
+        conn = connect(name, config.dsn(name), autocommit=True)
+        try:
+            return read_state(conn)
+        finally:
+            conn.close()
+
+    results = each_database(names, work)
+    states: dict[str, CatalogState] = {}
+    unreachable: dict[str, str] = {}
+    for name, res in results.items():
+        if isinstance(res, PgidgenError):
+            unreachable[name] = res.render()
+        else:
+            states[name] = res
+    return build_map(states, unreachable)
+
+
+def build_map(states: dict[str, CatalogState], unreachable: dict[str, str] | None = None) -> ShardMap:
+    counts = {st.shard_count for st in states.values() if st.shard_count is not None}
+    layouts = {st.layout for st in states.values() if st.layout is not None}
+    m = ShardMap(shard_count=max(counts) if counts else None, unreachable=dict(unreachable or {}))
+    if len(counts) > 1:
+        m.problems.append(f"databases disagree on the shard count: {', '.join(str(c) for c in sorted(counts))}")
+    if len(layouts) > 1:
+        m.problems.append("databases disagree on the ID layout")
+    holders: dict[int, list[str]] = {}
+    for name, st in states.items():
+        if st.foreign_catalog:
+            m.problems.append(f"{name}: schema pgidgen exists but was not created by pgidgen")
+        active = sorted(st.active)
+        m.databases[name] = active
+        m.retired[name] = sorted(s for s, state in st.shards.items() if state == "retired")
+        for s in active:
+            holders.setdefault(s, []).append(name)
+            if s not in st.shard_schemas:
+                m.problems.append(f"{name}: shard {s} is in the catalog but schema {schema_name(s)} is missing")
+            elif s not in st.complete:
+                m.problems.append(f"{name}: schema {schema_name(s)} is missing its next_id() function or a generator sequence")
+        stray = sorted(st.shard_schemas - set(st.shards))
+        if stray:
+            m.problems.append(f"{name}: schemas named like shards but not in pgidgen's catalog: {_names(stray)}")
+    for s, dbs in sorted(holders.items()):
+        if len(dbs) > 1:
+            m.problems.append(f"shard {s} is active in more than one database: {', '.join(dbs)}")
+    if m.shard_count is not None and not m.unreachable:
+        missing = sorted(set(range(m.shard_count)) - set(holders))
+        if missing:
+            m.problems.append(f"shards in no database: {collapse(missing)}")
+    return m
+
+
+def _names(shards: list[int]) -> str:
+    shown = ", ".join(schema_name(s) for s in shards[:5])
+    return shown + (f" and {len(shards) - 5} more" if len(shards) > 5 else "")
