@@ -1,0 +1,64 @@
+"""Shared bench helpers: throwaway servers, timing, ratio printing. Benches print ratios, never assert."""
+from __future__ import annotations
+
+import statistics
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+from pgidgen import sandbox
+
+
+@contextmanager
+def servers(count: int, **settings: str) -> Iterator[list[sandbox.Server]]:
+    root = sandbox.make_root()
+    started: list[sandbox.Server] = []
+    try:
+        for i in range(count):
+            started.append(sandbox.create_server(root, f"db{i + 1}", settings=settings or None))
+        yield started
+    finally:
+        sandbox.destroy(started, root)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def best_of(n: int, fn: Callable[[], object], setup: Callable[[], object] | None = None) -> float:
+    """Median of n runs (setup not timed)."""
+    times = []
+    for _ in range(n):
+        if setup is not None:
+            setup()
+        times.append(timed(fn))
+    return statistics.median(times)
+
+
+def psql(dsn: str, *, file: Path | None = None, command: str | None = None, quiet: bool = True) -> None:
+    argv = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn]
+    if file is not None:
+        argv += ["-f", str(file)]
+    if command is not None:
+        argv += ["-c", command]
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL if quiet else None)
+
+
+def section(title: str) -> None:
+    print(f"\n## {title}", flush=True)
+
+
+def row(label: str, value: float, unit: str, baseline: float | None = None, baseline_name: str = "") -> None:
+    text = f"  {label:<48} {value:>12.3f} {unit}"
+    if baseline:
+        text += f"   ratio {value / baseline:6.2f}x {baseline_name}"
+    print(text, flush=True)
+
+
+def table(rows: Sequence[tuple[str, str]]) -> None:
+    for a, b in rows:
+        print(f"  {a:<48} {b}", flush=True)
