@@ -36,8 +36,7 @@ BEGIN
     RETURN NULL;
 END
 $$;
-DROP TRIGGER IF EXISTS map_changed ON pgidgen.shards;
-CREATE TRIGGER map_changed AFTER INSERT OR UPDATE OR DELETE ON pgidgen.shards
+CREATE OR REPLACE TRIGGER map_changed AFTER INSERT OR UPDATE OR DELETE ON pgidgen.shards
     FOR EACH STATEMENT EXECUTE FUNCTION pgidgen.map_changed();
 
 CREATE OR REPLACE VIEW pgidgen.shard_map AS

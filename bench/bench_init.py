@@ -1,0 +1,73 @@
+"""init: `pgidgen init --shards 2000` over two databases vs `psql -f` of the SQL that `--sql` prints."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import psycopg
+
+from common import best_of, psql, row, section, servers
+
+from pgidgen.config import Config, write_config
+from pgidgen.init import offline_plan, render_init
+from pgidgen.layout import Layout
+
+SHARDS = int(os.environ.get("BENCH_INIT_SHARDS", "2000"))
+RUNS = int(os.environ.get("BENCH_RUNS", "3"))
+PGIDGEN = str(Path(sys.executable).parent / "pgidgen")
+
+
+def run() -> None:
+    with servers(2) as srv, tempfile.TemporaryDirectory() as tmp:
+        dsns = {s.name: s.dsn for s in srv}
+        layout = Layout.make()
+        cfg_path = Path(tmp) / "pgidgen.toml"
+        write_config(cfg_path, layout, dsns)
+        per_db = render_init(offline_plan(Config(layout=layout, databases=dsns), SHARDS, list(dsns)))
+        files = {}
+        for name, text in per_db.items():
+            files[name] = Path(tmp) / f"{name}.sql"
+            files[name].write_text("BEGIN;\n" + text + "COMMIT;\n")
+        one_db = render_init(offline_plan(Config(layout=layout, databases=dsns), SHARDS, ["db1"]))["db1"]
+        one_file = Path(tmp) / "one.sql"
+        one_file.write_text("BEGIN;\n" + one_db + "COMMIT;\n")
+
+        def reset() -> None:
+            for s in srv:
+                admin = s.dsn.rsplit("/", 1)[0] + "/postgres"
+                with psycopg.connect(admin, autocommit=True) as conn:
+                    conn.execute("DROP DATABASE IF EXISTS app WITH (FORCE)")
+                    conn.execute("CREATE DATABASE app")
+
+        def cli(*args: str) -> None:
+            subprocess.run([PGIDGEN, "--config", str(cfg_path), *args], check=True, stdout=subprocess.DEVNULL)
+
+        def psql_sequential() -> None:
+            for name in dsns:
+                psql(dsns[name], file=files[name])
+
+        def psql_parallel() -> None:
+            threads = [threading.Thread(target=psql, args=(dsns[n],), kwargs={"file": files[n]}) for n in dsns]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+        section(f"init --shards {SHARDS}, median of {RUNS} runs (each on freshly created databases)")
+        t_psql_seq = best_of(RUNS, psql_sequential, reset)
+        t_psql_par = best_of(RUNS, psql_parallel, reset)
+        t_init = best_of(RUNS, lambda: cli("init", "--shards", str(SHARDS)), reset)
+        row("psql -f, db1 then db2 (sequential)", t_psql_seq, "s")
+        row("psql -f, db1 and db2 at once (parallel)", t_psql_par, "s")
+        row("pgidgen init over db1,db2", t_init, "s", t_psql_seq, "of sequential psql")
+        row("pgidgen init over db1,db2", t_init, "s", t_psql_par, "of parallel psql")
+        t_psql_one = best_of(RUNS, lambda: psql(dsns["db1"], file=one_file), reset)
+        t_init_one = best_of(RUNS, lambda: cli("init", "--shards", str(SHARDS), "--databases", "db1"), reset)
+        row(f"psql -f, all {SHARDS} shards on db1", t_psql_one, "s")
+        row(f"pgidgen init, all {SHARDS} shards on db1", t_init_one, "s", t_psql_one, "of psql (goal <= 1.10x)")
+        t_noop = best_of(RUNS, lambda: cli("init", "--shards", str(SHARDS)))
+        row("pgidgen init again (nothing to do)", t_noop, "s")

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pgidgen.config import config_from_dict, describe_dsn, load_config
+from pgidgen.errors import ConfigError
+
+
+def test_env_interpolation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DB2_DSN", "postgresql://app:s3cret@db2.example:5433/app")
+    cfg = config_from_dict({"databases": {"db1": "postgresql://app@localhost/app", "db2": "${DB2_DSN}"}})
+    assert cfg.databases["db2"] == "postgresql://app:s3cret@db2.example:5433/app"
+    assert describe_dsn(cfg.databases["db2"]) == "db2.example:5433/app"
+
+
+def test_missing_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NOPE_DSN", raising=False)
+    with pytest.raises(ConfigError, match=r"database db2 uses \$\{NOPE_DSN\}, which is not set: export NOPE_DSN"):
+        config_from_dict({"databases": {"db2": "${NOPE_DSN}"}})
+
+
+def test_password_in_file_refused(tmp_path: Path) -> None:
+    path = tmp_path / "pgidgen.toml"
+    path.write_text('[databases]\ndb1 = "postgresql://app:hunter2@localhost/app"\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "hunter2" not in e.value.render()
+    assert e.value.render() == (
+        f"the connection string of db1 contains a password ({path}): "
+        "keep secrets out of the file: use ${VAR} interpolation, PGPASSWORD or ~/.pgpass"
+    )
+
+
+def test_missing_and_bad_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PGIDGEN_CONFIG", raising=False)
+    with pytest.raises(ConfigError, match="no pgidgen.toml in"):
+        load_config(None)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[layout\n")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_config(bad)
+
+
+def test_unknown_database_name() -> None:
+    cfg = config_from_dict({"databases": {"db1": "postgresql://localhost/app"}})
+    with pytest.raises(ConfigError, match="unknown database 'db9': configured databases are: db1"):
+        cfg.select("db1,db9")

@@ -1,0 +1,133 @@
+"""decode: Python, SQL and CLI agree (property-tested), and bad IDs get one-line errors."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pgidgen.cli import main
+from pgidgen.config import Config
+from pgidgen.init import init
+from pgidgen.layout import Layout, iso_ms
+
+
+def cli(*args: str, input: str | None = None):
+    return CliRunner().invoke(main, ["--config", "/nonexistent-ok.toml", *args], input=input)
+
+
+def decode_cli(*args: str, input: str | None = None):
+    # decode needs no config file: point PGIDGEN_CONFIG nowhere by running in an empty dir
+    return CliRunner().invoke(main, ["decode", *args], input=input, env={"PGIDGEN_CONFIG": ""})
+
+
+def test_decode_text_and_json() -> None:
+    L = Layout.make()
+    value = L.encode(1767225600000 + 123456789, 5, 7)
+    r = decode_cli(str(value))
+    assert r.exit_code == 0
+    assert r.stdout == f"{value}\t{iso_ms(1767225600000 + 123456789)}\tshard 5\tsequence 7\n"
+    r = decode_cli("--json", str(value), str(value + 1))
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert rows[0] == {"id": value, "timestamp": "2026-01-02T10:17:36.789Z", "shard": 5, "sequence": 7}
+    assert rows[1]["sequence"] == 8
+
+
+def test_decode_stdin() -> None:
+    L = Layout.make()
+    ids = [L.encode(1767225600000 + i, i % 50, i % 1024) for i in range(0, 5000, 7)]
+    r = decode_cli("--json", input="\n".join(map(str, ids)) + "\n\n")
+    assert r.exit_code == 0
+    got = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [g["id"] for g in got] == ids
+    assert all(g["shard"] == i % 50 for g, i in zip(got, range(0, 5000, 7)))
+
+
+@pytest.mark.parametrize(
+    "arg, message",
+    [
+        ("abc", "Error: 'abc' is not an ID: give a whole number from 0 to 18446744073709551615\n"),
+        ("-1", "Error: '-1' is not an ID: give a whole number from 0 to 18446744073709551615\n"),
+        ("18446744073709551616", "Error: 18446744073709551616 is larger than 2^64-1: an ID is a 64-bit number\n"),
+        ("1.5", "Error: '1.5' is not an ID: give a whole number from 0 to 18446744073709551615\n"),
+    ],
+)
+def test_decode_bad_ids(arg: str, message: str) -> None:
+    r = decode_cli("--", arg)
+    assert (r.exit_code, r.stdout, r.stderr) == (1, "", message)
+
+
+def test_decode_bad_stdin_line() -> None:
+    r = decode_cli(input="1\nxyz\n")
+    assert r.exit_code == 1
+    assert r.stderr == "Error: line 2: 'xyz' is not an ID: give a whole number from 0 to 18446744073709551615\n"
+
+
+def test_instagram_ids_decode_unsigned() -> None:
+    value = ((1 << 40) + 99) << 23 | 5000 << 10 | 1
+    for args in (["--instagram"], ["--epoch", "1314220021721", "--time-bits", "41", "--shard-bits", "13", "--sequence-bits", "10"]):
+        r = decode_cli("--json", *args, str(value))
+        assert r.exit_code == 0, r.output
+        row = json.loads(r.stdout)
+        assert (row["shard"], row["sequence"]) == (5000, 1)
+        assert row["timestamp"] == iso_ms(1314220021721 + (1 << 40) + 99)
+
+
+def test_decode_layout_options_validated() -> None:
+    r = decode_cli("--shard-bits", "40", "--sequence-bits", "30", "1")
+    assert r.exit_code == 1
+    assert r.stderr.startswith("Error: time_bits must be at least 1")
+
+
+@pytest.fixture
+def db_layout() -> Layout:
+    return Layout.make(shard_bits=10, sequence_bits=8)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_python_sql_cli_agree(data: st.DataObject, fresh_dsns: dict[str, str]) -> None:
+    L = Layout.make(shard_bits=10, sequence_bits=8)
+    cfg = Config(layout=L, databases={"db1": fresh_dsns["db1"]})
+    with psycopg.connect(fresh_dsns["db1"], autocommit=True) as conn:
+        if conn.execute("SELECT to_regnamespace('pgidgen')").fetchone()[0] is None:
+            init(cfg, 2, ["db1"])
+        ms = data.draw(st.integers(L.epoch_ms, L.epoch_ms + L.max_time))
+        shard = data.draw(st.integers(0, L.max_shards - 1))
+        seq = data.draw(st.integers(0, L.ids_per_ms - 1))
+        value = L.encode(ms, shard, seq)
+        row = conn.execute(
+            "SELECT (pgidgen.decode(%(v)s)).*, pgidgen.min_id(pgidgen.id_time(%(v)s)), pgidgen.max_id(pgidgen.id_time(%(v)s)),"
+            " floor(extract(epoch FROM pgidgen.id_time(%(v)s)) * 1000)::bigint",
+            {"v": value},
+        ).fetchone()
+    ts, sshard, sseq, lo, hi, sms = row
+    assert (sms, sshard, sseq) == L.decode(value) == (ms, shard, seq)
+    assert lo == L.min_id(ms) and hi == L.max_id(ms) and lo <= value <= hi
+    r = CliRunner().invoke(main, ["decode", "--json", "--epoch", str(L.epoch_ms), "--shard-bits", "10", "--sequence-bits", "8", str(value)])
+    assert json.loads(r.stdout) == {"id": value, "timestamp": iso_ms(ms), "shard": shard, "sequence": seq}
+    assert ts.isoformat(timespec="milliseconds").replace("+00:00", "Z") == iso_ms(ms)
+
+
+def test_time_range_uses_primary_key(config: Config) -> None:
+    init(config, 4, ["db1"])
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
+        conn.execute("CREATE TABLE shard_2.events (id bigint PRIMARY KEY DEFAULT shard_2.next_id(), v int)")
+        conn.execute("INSERT INTO shard_2.events (v) SELECT g FROM generate_series(1, 20000) g")
+        conn.execute("ANALYZE shard_2.events")
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                "EXPLAIN SELECT * FROM shard_2.events WHERE id BETWEEN pgidgen.min_id(now() - interval '1 hour') AND pgidgen.max_id(now())"
+            )
+        )
+        assert "events_pkey" in plan
+        n = conn.execute(
+            "SELECT count(*) FROM shard_2.events WHERE id BETWEEN pgidgen.min_id(now() - interval '1 hour') AND pgidgen.max_id(clock_timestamp())"
+        ).fetchone()[0]
+        assert n == 20000
+        assert conn.execute("SELECT count(*) FROM shard_2.events WHERE id < pgidgen.min_id(now() - interval '1 hour')").fetchone()[0] == 0

@@ -1,0 +1,164 @@
+"""init against real servers: spread, idempotence, refusals that leave nothing half-written."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+from pgidgen.catalog import read_state
+from pgidgen.cli import main
+from pgidgen.config import Config, write_config
+from pgidgen.init import init, offline_plan, render_init, spread
+from pgidgen.layout import Layout
+
+
+def shards_in(dsn: str) -> list[int]:
+    with psycopg.connect(dsn) as conn:
+        return sorted(read_state(conn).active)
+
+
+def schemas_in(dsn: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        return {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname ~ '^(shard_|pgidgen)'")}
+
+
+def test_spread_is_even_and_contiguous() -> None:
+    got = spread(10, ["a", "b", "c"])
+    assert got == {"a": [0, 1, 2, 3], "b": [4, 5, 6], "c": [7, 8, 9]}
+    assert spread(1, ["a", "b"]) == {"a": [0], "b": []}
+
+
+def test_init_spreads_and_is_idempotent(config: Config) -> None:
+    names = ["db1", "db2"]
+    out = init(config, 100, names)
+    assert [(o.database, o.ok, o.changed) for o in out] == [("db1", True, True), ("db2", True, True)]
+    assert out[0].summary == "catalog installed, created 50 shards (0-49)"
+    assert shards_in(config.dsn("db1")) == list(range(50))
+    assert shards_in(config.dsn("db2")) == list(range(50, 100))
+    again = init(config, 100, names)
+    assert [o.changed for o in again] == [False, False]
+    assert again[0].summary == "unchanged (holds 50 shards: 0-49)"
+    with psycopg.connect(config.dsn("db2")) as conn:
+        ids = [conn.execute("SELECT shard_77.next_id()").fetchone()[0] for _ in range(3)]
+        assert ids == sorted(ids) and len(set(ids)) == 3
+        assert {conn.execute("SELECT pgidgen.shard_of(%s)", (i,)).fetchone()[0] for i in ids} == {77}
+
+
+def test_shards_stay_where_they_are(config: Config) -> None:
+    init(config, 10, ["db1"])
+    out = init(config, 10, ["db1", "db2", "db3"])
+    assert [o.changed for o in out] == [False, True, True]  # db2/db3 get a catalog, no shards
+    assert shards_in(config.dsn("db1")) == list(range(10))
+    assert shards_in(config.dsn("db2")) == []
+
+
+def test_layout_change_refused(config: Config) -> None:
+    init(config, 10, ["db1"])
+    other = Config(layout=Layout.make(sequence_bits=12, shard_bits=11), databases=config.databases)
+    with pytest.raises(Exception) as e:
+        init(other, 10, ["db1"])
+    assert "was initialised with a different layout" in str(e.value)
+    with pytest.raises(Exception, match="was initialised with 10 shards, not 20"):
+        init(config, 20, ["db1"])
+
+
+def run_cli(config_file: Path, *args: str, input: str | None = None):
+    return CliRunner().invoke(main, ["--config", str(config_file), *args], input=input)
+
+
+def test_foreign_schema_refused_nothing_written(config: Config, config_file: Path) -> None:
+    with psycopg.connect(config.dsn("db2"), autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA shard_7")
+        conn.execute("CREATE TABLE shard_7.mine (x int)")
+    r = run_cli(config_file, "init", "--shards", "10", "--databases", "db1,db2")
+    assert r.exit_code == 1
+    assert r.stderr == (
+        "Error: database db2 already has a schema shard_7 that pgidgen did not create: "
+        "rename or drop it; pgidgen never clobbers a schema it does not own\n"
+    )
+    assert schemas_in(config.dsn("db1")) == set()
+    assert schemas_in(config.dsn("db2")) == {"shard_7"}
+
+
+def test_foreign_pgidgen_schema_refused(config: Config, config_file: Path) -> None:
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA pgidgen")
+    r = run_cli(config_file, "init", "--shards", "4", "--databases", "db1")
+    assert r.exit_code == 1
+    assert r.stderr.startswith("Error: database db1 has a schema named pgidgen that pgidgen did not create")
+
+
+def test_bad_numbers_and_names(config_file: Path) -> None:
+    r = run_cli(config_file, "init", "--shards", "0")
+    assert (r.exit_code, r.stderr) == (1, "Error: --shards must be at least 1, not 0\n")
+    r = run_cli(config_file, "init", "--shards", "9000")
+    assert r.exit_code == 1
+    assert r.stderr == (
+        "Error: 9000 shards do not fit in 13 shard bits (at most 8192): "
+        "use fewer shards or raise shard_bits in [layout] before the first init\n"
+    )
+    r = run_cli(config_file, "init", "--shards", "10", "--databases", "db1,nope")
+    assert r.exit_code == 1
+    assert r.stderr == f"Error: unknown database 'nope' ({config_file}): configured databases are: db1, db2, db3\n"
+
+
+def test_unreachable_server_names_database_not_password(tmp_path: Path, fresh_dsns: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEAD_DSN", "postgresql://app:topsecret@127.0.0.1:1/app")
+    path = tmp_path / "pgidgen.toml"
+    path.write_text(f'[databases]\ndb1 = "{fresh_dsns["db1"]}"\ndead = "${{DEAD_DSN}}"\n')
+    r = CliRunner().invoke(main, ["--config", str(path), "init", "--shards", "4"])
+    assert r.exit_code == 1
+    assert "topsecret" not in r.output
+    assert r.stderr.startswith("Error: cannot connect to database dead (127.0.0.1:1/app): ")
+    assert r.stderr.rstrip().endswith("check that the server is running and the connection string in the config is right")
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert schemas_in(fresh_dsns["db1"]) == set()
+
+
+def test_sql_is_offline_and_runs_in_psql(tmp_path: Path, config: Config, layout: Layout) -> None:
+    path = tmp_path / "offline.toml"
+    write_config(path, layout, {"db1": "postgresql://nobody@127.0.0.1:1/x", "db2": "postgresql://nobody@127.0.0.1:1/y"})
+    r = CliRunner().invoke(main, ["--config", str(path), "init", "--shards", "6", "--sql"])
+    assert r.exit_code == 0, r.output
+    assert r.output.count("-- ===== database ") == 2
+    assert r.output.count("CREATE SCHEMA \"shard_") == 6
+    per_db = render_init(offline_plan(config, 6, ["db1", "db2"]))
+    script = tmp_path / "db1.sql"
+    script.write_text("BEGIN;\n" + per_db["db1"] + "COMMIT;\n")
+    subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", config.dsn("db1"), "-f", str(script)], check=True, capture_output=True)
+    assert shards_in(config.dsn("db1")) == [0, 1, 2]
+    # what psql made is what init makes: a later init sees nothing to do on db1
+    out = init(config, 6, ["db1", "db2"])
+    assert out[0].changed is False and out[1].summary == "catalog installed, created 3 shards (3-5)"
+
+
+def test_grant_lets_a_role_use_shards(config: Config) -> None:
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS pgidgen_app_test")
+        conn.execute("CREATE ROLE pgidgen_app_test LOGIN")
+    try:
+        init(config, 2, ["db1"], grant_roles=["pgidgen_app_test"])
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
+            conn.execute("SET ROLE pgidgen_app_test")
+            assert conn.execute("SELECT pgidgen.shard_of(shard_1.next_id())").fetchone()[0] == 1
+            assert conn.execute("SELECT count(*) FROM pgidgen.shards").fetchone()[0] == 2
+            conn.execute("RESET ROLE")
+            conn.execute("DROP OWNED BY pgidgen_app_test")
+    finally:
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
+            conn.execute("DROP ROLE IF EXISTS pgidgen_app_test")
+
+
+def test_json_report_and_progress_quiet(config_file: Path) -> None:
+    import json
+
+    r = run_cli(config_file, "init", "--shards", "6", "--databases", "db1,db2", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert [d["database"] for d in data] == ["db1", "db2"] and all(d["ok"] for d in data)
+    assert r.stderr == ""  # no progress bar when not a tty
+    r = run_cli(config_file, "init", "--shards", "6", "--databases", "db1,db2")
+    assert r.stdout.endswith("nothing to do: every shard already exists\n")

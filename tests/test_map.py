@@ -1,0 +1,68 @@
+"""map/status: the map from every catalog, and each kind of inconsistency flagged."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+from click.testing import CliRunner
+
+from pgidgen.cli import main
+from pgidgen.config import Config
+from pgidgen.init import init
+from pgidgen.shardmap import read_map
+
+
+def run_map(config_file: Path, *args: str):
+    return CliRunner().invoke(main, ["--config", str(config_file), "map", *args])
+
+
+def test_map_collapses_ranges(config: Config, config_file: Path) -> None:
+    init(config, 30, ["db1", "db2"])
+    r = run_map(config_file)
+    assert r.exit_code == 0, r.output
+    assert r.stdout == (
+        "shard count: 30\n"
+        "db1: 15 shards 0-14\n"
+        "db2: 15 shards 15-29\n"
+        "db3: 0 shards -\n"
+        "ok: every shard is in exactly one database\n"
+    )
+    data = json.loads(run_map(config_file, "--json").stdout)
+    assert data["databases"]["db2"] == {"shards": "15-29", "count": 15}
+    assert data["ok"] is True
+
+
+def test_map_flags_inconsistencies(config: Config, config_file: Path) -> None:
+    init(config, 10, ["db1", "db2"])
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
+        conn.execute("DROP FUNCTION shard_3.next_id()")
+        conn.execute("DROP SCHEMA shard_4 CASCADE")
+        conn.execute("CREATE SCHEMA shard_99")
+    with psycopg.connect(config.dsn("db2"), autocommit=True) as conn:
+        conn.execute("DELETE FROM pgidgen.shards WHERE shard = 9")
+        conn.execute("DROP SCHEMA shard_9 CASCADE")
+    # shard 2 also registered on db2: in two databases
+    with psycopg.connect(config.dsn("db2"), autocommit=True) as conn:
+        conn.execute("INSERT INTO pgidgen.shards (shard, schema_name) VALUES (2, 'shard_2')")
+    m = read_map(config)
+    assert not m.ok
+    assert m.problems == [
+        "db1: schema shard_3 is missing its next_id() function or a generator sequence",
+        "db1: shard 4 is in the catalog but schema shard_4 is missing",
+        "db1: schemas named like shards but not in pgidgen's catalog: shard_99",
+        "db2: shard 2 is in the catalog but schema shard_2 is missing",
+        "shard 2 is active in more than one database: db1, db2",
+        "shards in no database: 9",
+    ]
+    r = run_map(config_file)
+    assert r.exit_code == 1
+    assert "PROBLEM: shards in no database: 9\n" in r.stdout
+
+
+def test_map_reports_unreachable(tmp_path: Path, fresh_dsns: dict[str, str]) -> None:
+    path = tmp_path / "pgidgen.toml"
+    path.write_text(f'[databases]\ndb1 = "{fresh_dsns["db1"]}"\ngone = "postgresql://x@127.0.0.1:1/x"\n')
+    r = CliRunner().invoke(main, ["--config", str(path), "map"])
+    assert r.exit_code == 1
+    assert "gone: UNREACHABLE: cannot connect to database gone (127.0.0.1:1/x)" in r.stdout

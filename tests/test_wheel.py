@@ -1,0 +1,34 @@
+"""The wheel carries templates/ and sql/: install it into a fresh venv and run pgidgen from elsewhere."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_works_from_any_directory(tmp_path: Path, fresh_dsns: dict[str, str]) -> None:
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT)], check=True, capture_output=True)
+    wheel = next(dist.glob("pgidgen-*.whl"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", str(wheel)], check=True, capture_output=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "pgidgen.toml").write_text(f'[databases]\ndb1 = "{fresh_dsns["db1"]}"\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PGIDGEN_CONFIG")}
+    run = lambda *a: subprocess.run([str(venv / "bin" / "pgidgen"), *a], cwd=elsewhere, env=env, capture_output=True, text=True)  # noqa: E731
+    r = run("init", "--shards", "3")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("db1: catalog installed, created 3 shards (0-2)")
+    out = run("-h")
+    assert "sandbox" in out.stdout
+    # the installed package reads its own copy of templates/, not the source tree
+    probe = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "from pgidgen.render import data_dir; print(data_dir('templates'))"],
+        cwd=elsewhere, env=env, capture_output=True, text=True, check=True,
+    )
+    assert str(venv) in probe.stdout and "_data" in probe.stdout
