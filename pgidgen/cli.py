@@ -183,9 +183,16 @@ def decode_cmd(
     for text in ids:
         parse_id(text)  # arguments are checked up front, so a bad one prints nothing
     source = ids if ids else _stdin_lines()
-    write = sys.stdout.write
-    for line in decode_lines(layout, source, as_json=as_json):
-        write(line + "\n")
+    batch: list[str] = []
+    try:
+        for line in decode_lines(layout, source, as_json=as_json):
+            batch.append(line)
+            if len(batch) >= 8192:
+                sys.stdout.write("\n".join(batch) + "\n")
+                batch.clear()
+    finally:  # the lines before a malformed one are still printed
+        if batch:
+            sys.stdout.write("\n".join(batch) + "\n")
 
 
 # -- map -----------------------------------------------------------------------------------------------
@@ -253,7 +260,7 @@ def sandbox_up(count: int, directory: str, config_out: str, force: bool) -> None
     out = Path(config_out)
     if out.exists() and not force:
         raise ConfigError(f"{out} already exists", hint="pass --force to overwrite it, or --write-config OTHER.toml")
-    servers = up(Path(directory), count)
+    servers = up(Path(directory), count, config_path=out)
     write_config(out, Layout.make(), {s.name: s.dsn for s in servers})
     for s in servers:
         click.echo(f"{s.name}: {s.dsn}")
@@ -263,7 +270,7 @@ def sandbox_up(count: int, directory: str, config_out: str, force: bool) -> None
 @sandbox_group.command("down")
 @click.option("--dir", "directory", default=".pgidgen-sandbox", show_default=True, help="Where the sandbox keeps its state.")
 def sandbox_down(directory: str) -> None:
-    """Stop the sandbox servers and delete their data."""
+    """Stop the sandbox servers, delete their data and the config that `up` wrote."""
     from .sandbox import down
 
     servers = down(Path(directory))

@@ -1,7 +1,6 @@
 """Decoding IDs in bulk (the CLI's `decode`): fast enough for millions of IDs from stdin."""
 from __future__ import annotations
 
-import json
 from typing import Iterable, Iterator
 
 from .errors import InputError
@@ -41,6 +40,6 @@ def decode_lines(layout: Layout, lines: Iterable[str], *, as_json: bool) -> Iter
         shard = (value >> shard_shift) & smask
         seq = value & qmask
         if as_json:
-            yield json.dumps({"id": value, "timestamp": stamp, "shard": shard, "sequence": seq})
+            yield f'{{"id": {value}, "timestamp": "{stamp}", "shard": {shard}, "sequence": {seq}}}'
         else:
             yield f"{value}\t{stamp}\tshard {shard}\tsequence {seq}"

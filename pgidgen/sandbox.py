@@ -213,7 +213,7 @@ def destroy(servers: Sequence[Server], root: Path | None) -> None:
 # -- the `pgidgen sandbox` command: a directory with a state file ---------------------------------------
 
 
-def up(directory: Path, count: int, *, first_name: str = "db") -> list[Server]:
+def up(directory: Path, count: int, *, first_name: str = "db", config_path: Path | None = None) -> list[Server]:
     if count < 1 or count > 16:
         raise SandboxError(f"--databases must be between 1 and 16, not {count}")
     state = directory / STATE_FILE
@@ -228,7 +228,8 @@ def up(directory: Path, count: int, *, first_name: str = "db") -> list[Server]:
     except BaseException:
         destroy(servers, root)
         raise
-    state.write_text(json.dumps({"root": str(root), "servers": [asdict(s) for s in servers]}, indent=2), encoding="utf-8")
+    data = {"root": str(root), "servers": [asdict(s) for s in servers], "config": str(config_path.resolve()) if config_path else None}
+    state.write_text(json.dumps(data, indent=2), encoding="utf-8")
     return servers
 
 
@@ -245,6 +246,11 @@ def down(directory: Path) -> list[Server]:
     if root is None:
         raise SandboxError(f"no sandbox is up in {directory}", hint="start one with 'pgidgen sandbox up'")
     destroy(servers, root)
+    config = json.loads((directory / STATE_FILE).read_text(encoding="utf-8")).get("config")
+    if config and Path(config).exists():
+        text = Path(config).read_text(encoding="utf-8")
+        if text.startswith("# written by pgidgen") and all(s.dsn in text for s in servers):
+            Path(config).unlink()  # ours and unchanged: it points at servers that are gone
     (directory / STATE_FILE).unlink(missing_ok=True)
     try:
         directory.rmdir()

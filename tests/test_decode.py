@@ -63,6 +63,7 @@ def test_decode_bad_ids(arg: str, message: str) -> None:
 
 def test_decode_bad_stdin_line() -> None:
     r = decode_cli(input="1\nxyz\n")
+    assert r.stdout.startswith("1\t2026-01-01T00:00:00.000Z\tshard 0\tsequence 1")
     assert r.exit_code == 1
     assert r.stderr == "Error: line 2: 'xyz' is not an ID: give a whole number from 0 to 18446744073709551615\n"
 

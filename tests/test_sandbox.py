@@ -33,5 +33,6 @@ def test_sandbox_up_and_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         r = runner.invoke(main, ["sandbox", "down"])
     assert r.exit_code == 0, r.output
     assert root is not None and not root.exists()
+    assert not (tmp_path / "pgidgen.toml").exists()
     r = runner.invoke(main, ["sandbox", "down"])
     assert r.stderr.startswith("Error: no sandbox is up in .pgidgen-sandbox")
