@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import click
+import psycopg
 
 from . import __version__
 from .config import Config, load_config
+from .db import pg_message
 from .errors import ConfigError, PgidgenError
 from .layout import INSTAGRAM_EPOCH_MS, Layout, parse_epoch, parse_id
 
@@ -26,6 +28,12 @@ class Group(click.Group):
             if (ctx.obj or {}).get("traceback"):
                 raise
             raise click.ClickException(e.render()) from None
+        except psycopg.Error as e:  # a database error no command translated: still one line, no password
+            if (ctx.obj or {}).get("traceback"):
+                raise
+            raise click.ClickException(f"database error: {pg_message(e)}: run again with --traceback to report it") from None
+        except KeyboardInterrupt:
+            raise click.ClickException("interrupted; each database's transaction was rolled back unless reported done") from None
 
 
 @click.group(cls=Group, context_settings=CONTEXT)
