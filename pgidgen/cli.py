@@ -283,3 +283,27 @@ def sandbox_down(directory: str) -> None:
 
     servers = down(Path(directory))
     click.echo(f"stopped and removed {', '.join(s.name for s in servers)}")
+
+
+# -- locate --------------------------------------------------------------------------------------------
+
+
+@main.command("locate")
+@click.option("--key", "keys", multiple=True, type=int, metavar="KEY", help="A shard key, e.g. a user_id (repeatable).")
+@click.option("--id", "ids", multiple=True, metavar="ID", help="An ID made by next_id() (repeatable).")
+@click.option("--shard", "shards", multiple=True, type=int, metavar="N", help="A shard number (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
+def locate_cmd(ctx: click.Context, keys: tuple[int, ...], ids: tuple[str, ...], shards: tuple[int, ...], as_json: bool) -> None:
+    """Which shard, database and schema a key (key % shard count), an ID or a shard lives in now."""
+    from .routing import locate
+
+    if not (keys or ids or shards):
+        raise click.UsageError("give at least one --key, --id or --shard")
+    found = locate(get_config(ctx), keys=keys, ids=[parse_id(i) for i in ids], shards=shards)
+    for item in found:
+        if as_json:
+            click.echo(json.dumps(item))
+        else:
+            what = next(f"{k} {item[k]}" for k in ("key", "id", "shard") if k in item)
+            click.echo(f"{what}: shard {item['shard']} on {item['database']} (schema {item['schema']}, {item['state']})")

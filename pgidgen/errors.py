@@ -46,3 +46,29 @@ class TemplateError(PgidgenError):
 
 class SandboxError(PgidgenError):
     """Local throwaway servers could not be started or stopped."""
+
+
+class RoutingError(PgidgenError):
+    """A key, an ID or a shard cannot be routed to a database (see pgidgen/routing.py)."""
+
+    #: True when the same work may succeed if retried shortly (a move is flipping the map).
+    retryable = False
+
+
+class ShardMovedError(RoutingError):
+    """The database a shard was routed to no longer serves it: nothing was written there. Re-read the map and
+    retry on the database that serves it now (Router.run does this)."""
+
+    retryable = True
+
+    def __init__(self, what: str, *, shard: int, database: str, where: str | None = None, hint: str | None = None) -> None:
+        self.shard = shard
+        self.database = database
+        super().__init__(what, where=where, hint=hint)
+
+
+class ShardUnavailableError(RoutingError):
+    """No reachable database serves the shard right now (for a moment during a move's cutover; for good when
+    the map is broken)."""
+
+    retryable = True

@@ -1,0 +1,223 @@
+"""A small photo-sharing app on pgidgen: users' photos and likes, sharded by user_id.
+
+    python examples/photos.py setup            # the tables of examples/schema.sql in every shard
+    python examples/photos.py demo             # insert, list, fetch by ID alone, like, a time range
+    python examples/photos.py write --user 42 --seconds 5   # a continuous writer (run a move meanwhile)
+    python examples/photos.py show --user 42   # a user's photos and where they live
+
+Every query is plain SQL on unqualified tables: the router puts the user's shard schema first on search_path,
+so `INSERT INTO photos ...` lands in shard_N.photos and `DEFAULT next_id()` is shard_N.next_id().
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import psycopg
+
+from pgidgen.db import execute_script
+from pgidgen.errors import PgidgenError
+from pgidgen.idgen import schema_name
+from pgidgen.routing import Router
+
+SCHEMA_FILE = Path(__file__).resolve().parent / "schema.sql"
+BATCH = 100
+
+
+@dataclass(frozen=True)
+class Photo:
+    id: int
+    user_id: int
+    caption: str
+    created_at: dt.datetime
+
+
+class PhotoApp:
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    # writes go to the owner's shard; Router.run re-runs them on the new database if a move flips the shard
+    def add_photo(self, user_id: int, caption: str) -> int:
+        def work(conn: psycopg.Connection[Any]) -> int:
+            row = conn.execute("INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id", (user_id, caption)).fetchone()
+            assert row is not None
+            return int(row[0])
+
+        return self.router.run_for_key(user_id, work)
+
+    def like(self, photo_id: int, user_id: int) -> bool:
+        """A like lives with the photo: the shard inside the photo's ID says where."""
+
+        def work(conn: psycopg.Connection[Any]) -> bool:
+            cur = conn.execute(
+                "INSERT INTO likes (photo_id, user_id) SELECT id, %s FROM photos WHERE id = %s ON CONFLICT DO NOTHING",
+                (user_id, photo_id),
+            )
+            return cur.rowcount == 1
+
+        return self.router.run_for_id(photo_id, work)
+
+    # reads
+    def photos_of(self, user_id: int, *, limit: int = 20) -> list[Photo]:
+        """Newest first: IDs are time-sortable, so ORDER BY id is ORDER BY creation time."""
+        return self.router.run_for_key(
+            user_id,
+            lambda conn: _photos(conn, "SELECT id, user_id, caption, created_at FROM photos WHERE user_id = %s ORDER BY id DESC LIMIT %s", (user_id, limit)),
+        )
+
+    def photo(self, photo_id: int) -> Photo | None:
+        """By ID alone: decode the shard from the ID, go to the database serving it."""
+        found = self.router.run_for_id(
+            photo_id, lambda conn: _photos(conn, "SELECT id, user_id, caption, created_at FROM photos WHERE id = %s", (photo_id,))
+        )
+        return found[0] if found else None
+
+    def likers(self, photo_id: int) -> list[int]:
+        return self.router.run_for_id(
+            photo_id, lambda conn: [r[0] for r in conn.execute("SELECT user_id FROM likes WHERE photo_id = %s ORDER BY user_id", (photo_id,))]
+        )
+
+    def photos_between(self, user_id: int, start: dt.datetime, end: dt.datetime) -> list[Photo]:
+        """A time range on the primary key alone: the ID's high bits are its creation time."""
+        return self.router.run_for_key(
+            user_id,
+            lambda conn: _photos(
+                conn,
+                "SELECT id, user_id, caption, created_at FROM photos"
+                " WHERE user_id = %s AND id BETWEEN pgidgen.min_id(%s) AND pgidgen.max_id(%s) ORDER BY id",
+                (user_id, start, end),
+            ),
+        )
+
+
+def _photos(conn: psycopg.Connection[Any], query: str, params: Sequence[Any]) -> list[Photo]:
+    return [Photo(*row) for row in conn.execute(query, params)]
+
+
+def create_tables(router: Router, ddl_path: Path = SCHEMA_FILE) -> dict[str, int]:
+    """The schema file in every shard that lacks it, per database in transactions of BATCH shards, each run with
+    search_path = shard_N so its unqualified names land there. (`pgidgen apply-ddl` does this with a ledger.)"""
+    ddl = ddl_path.read_text(encoding="utf-8")
+    owners = router.routing_map().owners
+    created: dict[str, int] = {}
+    for name in router.config.select(None):
+        shards = sorted(s for s, (db, _) in owners.items() if db == name)
+        if not shards:
+            continue
+        with psycopg.connect(router.config.dsn(name), autocommit=True) as conn:
+            have = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relname = 'photos' AND c.relkind = 'r'"
+                )
+            }
+            todo = [s for s in shards if schema_name(s) not in have]
+            for i in range(0, len(todo), BATCH):
+                with conn.transaction():
+                    for s in todo[i:i + BATCH]:
+                        conn.execute("SELECT pg_catalog.set_config('search_path', %s, true)", (router.search_path_for(s),))
+                        execute_script(conn, ddl)
+        created[name] = len(todo)
+    return created
+
+
+# -- the command line ------------------------------------------------------------------------------------
+
+
+def cmd_demo(app: PhotoApp, users: int) -> None:
+    r = app.router
+    start = dt.datetime.now(dt.timezone.utc)
+    ids: dict[int, list[int]] = {}
+    for user in range(1, users + 1):
+        ids[user] = [app.add_photo(user, f"photo {n} of user {user}") for n in range(1, 4)]
+    for user, got in ids.items():
+        shard = r.shard_for(user)
+        print(f"user {user}: shard {shard} on {r.database_for(shard)}, photo IDs {got}")
+    first = ids[1][0]
+    p = app.photo(first)
+    assert p is not None
+    print(f"photo {first} by ID alone: shard {r.shard_of(first)} on {r.database_for(r.shard_of(first))}: {p.caption!r} by user {p.user_id}")
+    for liker in (2, 3):
+        app.like(first, liker)
+    print(f"photo {first} is liked by users {app.likers(first)}")
+    latest = app.photos_of(1)
+    print(f"user 1's photos, newest first: {[x.id for x in latest]}")
+    mid = app.photo(ids[1][1])
+    assert mid is not None
+    between = app.photos_between(1, start, mid.created_at)
+    print(f"user 1's photos from {start:%H:%M:%S.%f} to photo {mid.id}'s time ({mid.created_at:%H:%M:%S.%f}): {[x.id for x in between]}")
+
+
+def cmd_write(app: PhotoApp, user: int, seconds: float) -> int:
+    """Write photos for one user for a while, then read every one back: a move during this must lose nothing."""
+    r = app.router
+    shard = r.shard_for(user)
+    before = r.database_for(shard)
+    written: list[int] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        written.append(app.add_photo(user, f"photo {len(written)}"))
+    missing = [i for i in written if app.photo(i) is None]
+    after = r.database_for(shard)
+    out = {
+        "user": user,
+        "shard": shard,
+        "database_before": before,
+        "database_after": after,
+        "written": len(written),
+        "duplicates": len(written) - len(set(written)),
+        "increasing": written == sorted(written),
+        "missing": len(missing),
+        "moved_errors_retried": r.stats["moved"],
+        "map_loads": r.stats["map_loads"],
+    }
+    print(json.dumps(out))
+    return 0 if not missing and out["duplicates"] == 0 and out["increasing"] else 1
+
+
+def cmd_show(app: PhotoApp, user: int) -> None:
+    r = app.router
+    shard = r.shard_for(user)
+    photos = app.photos_of(user, limit=1_000_000)
+    print(f"user {user}: shard {shard} on {r.database_for(shard)}, {len(photos)} photos" + (f", newest {photos[0].id}" if photos else ""))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="photos.py", description="A photo app sharded by user_id on pgidgen.")
+    ap.add_argument("--config", help="pgidgen config file (default: ./pgidgen.toml or $PGIDGEN_CONFIG)")
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("setup", help="create examples/schema.sql's tables in every shard that lacks them")
+    d = sub.add_parser("demo", help="insert, list, fetch by ID, like, time range")
+    d.add_argument("--users", type=int, default=3)
+    w = sub.add_parser("write", help="write photos for one user for a while, then verify them all")
+    w.add_argument("--user", type=int, required=True)
+    w.add_argument("--seconds", type=float, default=5.0)
+    s = sub.add_parser("show", help="a user's photo count and where they live")
+    s.add_argument("--user", type=int, required=True)
+    args = ap.parse_args(argv)
+    try:
+        with Router.from_config(args.config) as router:
+            app = PhotoApp(router)
+            if args.command == "setup":
+                for name, n in create_tables(router).items():
+                    print(f"{name}: created the tables in {n} shards")
+            elif args.command == "demo":
+                cmd_demo(app, args.users)
+            elif args.command == "write":
+                return cmd_write(app, args.user, args.seconds)
+            elif args.command == "show":
+                cmd_show(app, args.user)
+    except PgidgenError as e:
+        print(f"Error: {e.render()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
