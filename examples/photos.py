@@ -24,6 +24,7 @@ import psycopg
 from pgidgen.db import execute_script
 from pgidgen.errors import PgidgenError
 from pgidgen.idgen import schema_name
+from pgidgen.layout import ms_to_datetime
 from pgidgen.routing import Router
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "schema.sql"
@@ -63,24 +64,33 @@ class PhotoApp:
 
         return self.router.run_for_id(photo_id, work)
 
+    def id_time(self, any_id: int) -> dt.datetime:
+        """When an ID was made, to the millisecond: no query needed."""
+        return ms_to_datetime(self.router.layout.decode(any_id)[0])
+
     # reads
     def photos_of(self, user_id: int, *, limit: int = 20) -> list[Photo]:
         """Newest first: IDs are time-sortable, so ORDER BY id is ORDER BY creation time."""
         return self.router.run_for_key(
             user_id,
             lambda conn: _photos(conn, "SELECT id, user_id, caption, created_at FROM photos WHERE user_id = %s ORDER BY id DESC LIMIT %s", (user_id, limit)),
+            read_only=True,
         )
 
     def photo(self, photo_id: int) -> Photo | None:
         """By ID alone: decode the shard from the ID, go to the database serving it."""
         found = self.router.run_for_id(
-            photo_id, lambda conn: _photos(conn, "SELECT id, user_id, caption, created_at FROM photos WHERE id = %s", (photo_id,))
+            photo_id,
+            lambda conn: _photos(conn, "SELECT id, user_id, caption, created_at FROM photos WHERE id = %s", (photo_id,)),
+            read_only=True,
         )
         return found[0] if found else None
 
     def likers(self, photo_id: int) -> list[int]:
         return self.router.run_for_id(
-            photo_id, lambda conn: [r[0] for r in conn.execute("SELECT user_id FROM likes WHERE photo_id = %s ORDER BY user_id", (photo_id,))]
+            photo_id,
+            lambda conn: [r[0] for r in conn.execute("SELECT user_id FROM likes WHERE photo_id = %s ORDER BY user_id", (photo_id,))],
+            read_only=True,
         )
 
     def photos_between(self, user_id: int, start: dt.datetime, end: dt.datetime) -> list[Photo]:
@@ -93,6 +103,7 @@ class PhotoApp:
                 " WHERE user_id = %s AND id BETWEEN pgidgen.min_id(%s) AND pgidgen.max_id(%s) ORDER BY id",
                 (user_id, start, end),
             ),
+            read_only=True,
         )
 
 
@@ -148,10 +159,10 @@ def cmd_demo(app: PhotoApp, users: int) -> None:
     print(f"photo {first} is liked by users {app.likers(first)}")
     latest = app.photos_of(1)
     print(f"user 1's photos, newest first: {[x.id for x in latest]}")
-    mid = app.photo(ids[1][1])
-    assert mid is not None
-    between = app.photos_between(1, start, mid.created_at)
-    print(f"user 1's photos from {start:%H:%M:%S.%f} to photo {mid.id}'s time ({mid.created_at:%H:%M:%S.%f}): {[x.id for x in between]}")
+    second = ids[1][1]
+    until = app.id_time(second)
+    between = app.photos_between(1, start, until)
+    print(f"user 1's photos made from {start:%H:%M:%S.%f} to {until:%H:%M:%S.%f} (photo {second}'s time): {[x.id for x in between]}")
 
 
 def cmd_write(app: PhotoApp, user: int, seconds: float) -> int:

@@ -327,10 +327,13 @@ class Router:
     # -- connections ---------------------------------------------------------------------------------
 
     @contextmanager
-    def transaction(self, shard: int) -> Iterator[psycopg.Connection[Any]]:
+    def transaction(self, shard: int, *, read_only: bool = False) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection to the database serving shard, inside a transaction that has claimed the
         shard there (so no move can flip it until the transaction ends) and with search_path = shard_N,
         public for this transaction only. Commits when the block ends, rolls back on an exception.
+
+        read_only: a READ ONLY transaction that checks the shard without locking its row (no transaction ID,
+        no WAL); a move under it shows as the renamed schema and is retried like any other.
 
         Raises ShardMovedError (retryable; nothing was committed) when that database no longer serves the
         shard; a `with` block cannot be re-run, so use Router.run for automatic retries.
@@ -340,7 +343,7 @@ class Router:
             claimed = False
             try:
                 with conn.transaction():
-                    self._claim(conn, route)
+                    self._claim(conn, route, read_only)
                     claimed = True
                     yield conn
             except psycopg.Error as e:
@@ -354,14 +357,14 @@ class Router:
                     raise
                 raise moved from e
 
-    def run(self, shard: int, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+    def run(self, shard: int, work: Callable[[psycopg.Connection[Any]], T], *, read_only: bool = False) -> T:
         """work(conn) in Router.transaction(shard), run again on the shard's new database when a move flips
         it (for up to retry_for seconds). work must be safe to run again: every failed attempt rolled back."""
         deadline = time.monotonic() + self.retry_for
         delay = 0.005
         while True:
             try:
-                with self.transaction(shard) as conn:
+                with self.transaction(shard, read_only=read_only) as conn:
                     return work(conn)
             except (ShardMovedError, ShardUnavailableError) as e:
                 stale = e.database if isinstance(e, ShardMovedError) else None
@@ -377,21 +380,28 @@ class Router:
                     time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                     delay = min(delay * 2, 0.25)
 
-    def run_for_key(self, key: Any, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-        return self.run(self.shard_for(key), work)
+    def run_for_key(self, key: Any, work: Callable[[psycopg.Connection[Any]], T], *, read_only: bool = False) -> T:
+        """Router.run on key's shard."""
+        return self.run(self.shard_for(key), work, read_only=read_only)
 
-    def run_for_id(self, id_: int, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-        return self.run(self.shard_of(id_), work)
+    def run_for_id(self, id_: int, work: Callable[[psycopg.Connection[Any]], T], *, read_only: bool = False) -> T:
+        """Router.run on the shard inside the ID."""
+        return self.run(self.shard_of(id_), work, read_only=read_only)
 
     def search_path_for(self, shard: int) -> str:
         """The search_path value set for shard's transactions: its schema, then the extra ones (quoted)."""
         return sql.SQL(", ").join(sql.Identifier(s) for s in (schema_name(shard), *self.search_path)).as_string(None)
 
-    def _claim(self, conn: psycopg.Connection[Any], route: Route) -> None:
-        conn.execute(
-            "SELECT pgidgen.claim_shard(%s), pg_catalog.set_config('search_path', %s, true)",
-            (route.shard, self.search_path_for(route.shard)),
-        )
+    def _claim(self, conn: psycopg.Connection[Any], route: Route, read_only: bool) -> None:
+        path = self.search_path_for(route.shard)
+        if read_only:
+            conn.execute(
+                "SELECT pgidgen.claim_shard(%s, false), pg_catalog.set_config('search_path', %s, true),"
+                " pg_catalog.set_config('transaction_read_only', 'on', true)",
+                (route.shard, path),
+            )
+        else:
+            conn.execute("SELECT pgidgen.claim_shard(%s), pg_catalog.set_config('search_path', %s, true)", (route.shard, path))
 
     def _diagnose(self, conn: psycopg.Connection[Any], route: Route, e: psycopg.Error) -> PgidgenError | None:
         """The error to raise instead of e, if e means the shard is not (or no longer) served there."""

@@ -42,18 +42,24 @@ CREATE OR REPLACE TRIGGER map_changed AFTER INSERT OR UPDATE OR DELETE ON pgidge
 CREATE OR REPLACE VIEW pgidgen.shard_map AS
     SELECT shard, schema_name, state, updated_at FROM pgidgen.shards;
 
--- Routers call this first in every transaction on a shard (pgidgen/routing.py, docs/orm.md). It locks the
--- shard's row FOR SHARE, so no move can retire the shard here (an UPDATE of the row) until the transaction
--- ends, and it refuses (SQLSTATE PGR01) a shard this database does not serve. So a transaction that passed
--- it commits before any flip of the map on this database, or not at all. SECURITY DEFINER because FOR SHARE
--- needs UPDATE on pgidgen.shards, which application roles must not have; EXECUTE only for granted roles.
-CREATE OR REPLACE FUNCTION pgidgen.claim_shard(shard integer) RETURNS name
+-- Routers call this first in every transaction on a shard (pgidgen/routing.py, docs/orm.md). For a write it
+-- locks the shard's row FOR SHARE, so no move can retire the shard here (an UPDATE of the row) until the
+-- transaction ends; it refuses (SQLSTATE PGR01) a shard this database does not serve. So a writing
+-- transaction that passed it commits before any flip of the map on this database, or not at all. Readers
+-- pass for_write => false: no row lock (no XID, no WAL), a read-only transaction, and a move under them
+-- shows as the renamed schema. SECURITY DEFINER because FOR SHARE needs UPDATE on pgidgen.shards, which
+-- application roles must not have; EXECUTE only for granted roles.
+CREATE OR REPLACE FUNCTION pgidgen.claim_shard(shard integer, for_write boolean DEFAULT true) RETURNS name
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     st text;
     s name;
 BEGIN
-    SELECT shards.state, shards.schema_name INTO st, s FROM pgidgen.shards WHERE shards.shard = claim_shard.shard FOR SHARE;
+    IF for_write THEN
+        SELECT shards.state, shards.schema_name INTO st, s FROM pgidgen.shards WHERE shards.shard = claim_shard.shard FOR SHARE;
+    ELSE
+        SELECT shards.state, shards.schema_name INTO st, s FROM pgidgen.shards WHERE shards.shard = claim_shard.shard;
+    END IF;
     IF st IS NULL THEN
         RAISE EXCEPTION 'pgidgen: shard % is not in this database', shard
             USING ERRCODE = 'PGR01', HINT = 'route by the shard map (pgidgen map); the shard may have moved';
@@ -64,4 +70,4 @@ BEGIN
     RETURN s;
 END
 $$;
-REVOKE ALL ON FUNCTION pgidgen.claim_shard(integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgidgen.claim_shard(integer, boolean) FROM PUBLIC;
