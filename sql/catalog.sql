@@ -71,3 +71,32 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION pgidgen.claim_shard(integer, boolean) FROM PUBLIC;
+
+-- Sharded DDL (pgidgen apply-ddl). ddl_files: every version of every file applied, in one global order
+-- (position is the same in every database); template is the SQL for one shard with `placeholder` standing for
+-- its schema, so new shards replay exactly what the others got. ddl_ledger: which shard got which file.
+-- The rows of shard N: SELECT * FROM pgidgen.ddl_ledger WHERE shard = N ORDER BY position, plus the
+-- pgidgen.ddl_files rows they reference (a shard move copies both; the foreign key checks they agree).
+CREATE TABLE IF NOT EXISTS pgidgen.ddl_files (
+    position        integer PRIMARY KEY CHECK (position > 0),
+    name            text    NOT NULL,
+    sha256          text    NOT NULL,
+    source          text    NOT NULL,
+    template        text    NOT NULL,
+    placeholder     text    NOT NULL,
+    pgidgen_version text    NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (position, sha256)
+);
+COMMENT ON TABLE pgidgen.ddl_files IS 'Sharded DDL files applied (pgidgen apply-ddl), in order; the same in every database.';
+
+CREATE TABLE IF NOT EXISTS pgidgen.ddl_ledger (
+    shard      integer NOT NULL CHECK (shard >= 0),
+    position   integer NOT NULL,
+    sha256     text    NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (shard, position),
+    FOREIGN KEY (position, sha256) REFERENCES pgidgen.ddl_files (position, sha256)
+);
+COMMENT ON TABLE pgidgen.ddl_ledger IS 'Which shard has which sharded DDL file (rows of shard N: WHERE shard = N).';
+-- end of sharded DDL

@@ -1,0 +1,12 @@
+"""Sharded DDL: a schema file written once, unqualified, deployed to every shard, recorded in a ledger.
+
+- `rewrite.py`: parsing with pglast and rewriting a file into a per-shard template (no database involved);
+- `ledger.py`: the ledger in each database's catalog, and replaying it for new shards;
+- `apply.py`: `pgidgen apply-ddl` (plan, render, execute);
+- `drift.py`: comparing the shards' schemas (`pgidgen status --drift`).
+"""
+from __future__ import annotations
+
+from .rewrite import ShardedFile, parse_file, render_template
+
+__all__ = ["ShardedFile", "parse_file", "render_template"]

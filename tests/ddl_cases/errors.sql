@@ -1,0 +1,53 @@
+-- error: statement 1 (CREATE SCHEMA) cannot be sharded: it creates a schema ({file}:2:1): shards are schemas pgidgen manages; write tables unqualified and pgidgen puts them into every shard
+CREATE SCHEMA app;
+
+-- error: statement 2 (INSERT) cannot be sharded: it is INSERT, not DDL ({file}:6:3): sharded files hold schema only: write data through your application
+CREATE TABLE a (id bigint DEFAULT next_id());
+  INSERT INTO a VALUES (1);
+
+-- error: statement 1 (SELECT) cannot be sharded: it is SELECT, not DDL ({file}:9:1): sharded files hold schema only: write data through your application
+SELECT 1;
+
+-- error: syntax error at or near "TABL" ({file}:13:8): fix the SQL; nothing was applied
+CREATE TABLE a (id bigint);
+CREATE TABL b (id bigint);
+
+-- error: statement 1 (DROP SCHEMA) cannot be sharded: it names a schema ({file}:16:1): shards are schemas pgidgen manages; write tables unqualified and pgidgen puts them into every shard
+DROP SCHEMA shard_3 CASCADE;
+
+-- error: statement 1 (ALTER TABLE) cannot be sharded: it names relation shards in pgidgen's catalog schema ({file}:19:1): the catalog is pgidgen's own; leave it out of sharded files
+ALTER TABLE pgidgen.shards ADD COLUMN x int;
+
+-- error: statement 2 (CREATE TABLE) cannot be sharded: it names relation photos in shard schema shard_7 ({file}:23:1): write names unqualified (and next_id() without a schema): pgidgen puts them into every shard itself
+CREATE TABLE a (id bigint);
+CREATE TABLE b (id bigint REFERENCES shard_7.photos (id));
+
+-- error: statement 1 (CREATE TABLE) cannot be sharded: it names function next_id() in shard schema shard_1 ({file}:26:1): write names unqualified (and next_id() without a schema): pgidgen puts them into every shard itself
+CREATE TABLE a (id bigint DEFAULT shard_1.next_id());
+
+-- error: statement 1 (CREATE INDEX) cannot be sharded: CREATE INDEX CONCURRENTLY cannot run inside a transaction, and pgidgen applies each database in one ({file}:29:1): drop CONCURRENTLY (on new or small tables a plain CREATE INDEX is quick); to build an index on large live tables, run CREATE INDEX CONCURRENTLY per shard outside pgidgen
+CREATE INDEX CONCURRENTLY ON photos (user_id);
+
+-- error: statement 1 (CREATE TABLE) cannot be sharded: it would change public.countries once per shard ({file}:32:1): a sharded file creates and changes objects inside the shards only; objects qualified with a schema may be referenced, not created or changed: manage them outside pgidgen
+CREATE TABLE public.countries (code text PRIMARY KEY);
+
+-- error: statement 1 (CREATE FUNCTION) cannot be sharded: the function sets its own search_path ({file}:35:1): remove the SET search_path: pgidgen pins every shard function to its shard, pg_catalog, pg_temp
+CREATE FUNCTION f() RETURNS int LANGUAGE sql SET search_path = public AS 'SELECT 1';
+
+-- error: statement 1 (BEGIN) cannot be sharded: it controls the transaction ({file}:38:1): remove it: pgidgen runs each database in one transaction of its own
+BEGIN;
+
+-- error: statement 1 (CREATE EXTENSION) cannot be sharded: pgidgen does not shard this kind of statement ({file}:41:1): run it outside pgidgen, once per database if it must be everywhere
+CREATE EXTENSION pg_trgm;
+
+-- error: statement 1 (CREATE TABLE) cannot be sharded: it creates a temporary table ({file}:44:1): temporary tables are per session, not per shard: leave them out of sharded files
+CREATE TEMP TABLE scratch (x int);
+
+-- error: statement 1 (CREATE FUNCTION) cannot be sharded: its body names another shard's schema ({file}:47:1): write names unqualified: the function's search_path is its own shard
+CREATE FUNCTION f() RETURNS bigint LANGUAGE plpgsql AS $$ BEGIN RETURN (SELECT count(*) FROM shard_2.photos); END $$;
+
+-- A failure on the server names the shard, statement and line; nothing is applied anywhere.
+-- error: 3 of 3 databases failed (db1, db2, db3); the others are as reported above
+CREATE TABLE a (id bigint);
+CREATE TABLE b (id bigint REFERENCES nosuch (id));
+-- output: db1: failed, rolled back: database db1 failed in shard_0 at statement 2 (CREATE TABLE) of {file}:52:1: relation "shard_0.nosuch" does not exist [SQLSTATE 42P01]: nothing was applied anywhere (rolled back); fix the file, or the shards it does not fit
