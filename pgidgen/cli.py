@@ -213,22 +213,26 @@ def _map(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(m.as_dict(), indent=2))
     else:
-        from .ranges import collapse
-
-        click.echo(f"shard count: {m.shard_count if m.shard_count is not None else 'not initialised'}")
-        for name, shards in m.databases.items():
-            line = f"{name}: {len(shards)} shards {collapse(shards) or '-'}"
-            if m.retired.get(name):
-                line += f" (retired copies: {collapse(m.retired[name])})"
-            click.echo(line)
-        for name, err in m.unreachable.items():
-            click.echo(f"{name}: UNREACHABLE: {err}")
-        for p in m.problems:
-            click.echo(f"PROBLEM: {p}")
-        if m.ok:
-            click.echo("ok: every shard is in exactly one database")
+        _print_map(m)
     if not m.ok:
         ctx.exit(1)
+
+
+def _print_map(m: Any) -> None:
+    from .ranges import collapse
+
+    click.echo(f"shard count: {m.shard_count if m.shard_count is not None else 'not initialised'}")
+    for name, shards in m.databases.items():
+        line = f"{name}: {len(shards)} shards {collapse(shards) or '-'}"
+        if m.retired.get(name):
+            line += f" (retired copies: {collapse(m.retired[name])})"
+        click.echo(line)
+    for name, err in m.unreachable.items():
+        click.echo(f"{name}: UNREACHABLE: {err}")
+    for p in m.problems:
+        click.echo(f"PROBLEM: {p}")
+    if m.ok:
+        click.echo("ok: every shard is in exactly one database")
 
 
 @main.command("map")
@@ -241,10 +245,28 @@ def map_cmd(ctx: click.Context, as_json: bool) -> None:
 
 @main.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--drift", is_flag=True, help="Also compare the shards' schemas and DDL ledgers (exit 1 if they differ).")
 @click.pass_context
-def status_cmd(ctx: click.Context, as_json: bool) -> None:
-    """Same as map."""
-    _map(ctx, as_json)
+def status_cmd(ctx: click.Context, as_json: bool, drift: bool) -> None:
+    """Same as map; with --drift, also whether every shard holds the same tables, columns and indexes."""
+    if not drift:
+        _map(ctx, as_json)
+        return
+    from .ddl.drift import read_drift
+    from .shardmap import read_map
+
+    config = get_config(ctx)
+    m, d = read_map(config), read_drift(config)
+    if as_json:
+        click.echo(json.dumps({**m.as_dict(), "drift": d.as_dict()}, indent=2))
+    else:
+        _print_map(m)
+        for p in d.problems:
+            click.echo(f"DRIFT: {p}")
+        if not d.problems and not d.unreachable:
+            click.echo(f"ok: all {d.shards} shards hold the same schema and the same DDL ledger")
+    if not (m.ok and d.ok):
+        ctx.exit(1)
 
 
 # -- apply-ddl -----------------------------------------------------------------------------------------

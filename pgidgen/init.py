@@ -1,7 +1,8 @@
 """`pgidgen init`: the catalog and the shard schemas, spread over the databases in contiguous ranges.
 
 Policy: one transaction per database. Each database either gets everything planned for it or nothing; the
-report says per database what happened. Databases run in parallel.
+report says per database what happened. Databases run in parallel. New shards get the sharded-DDL ledger
+replayed in the same transaction (pgidgen/ddl/ledger.py), so they hold exactly what the other shards hold.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Callable, Sequence
 
 from .catalog import CatalogState, read_state
 from .config import Config
+from .ddl.ledger import read_history, replay_for_new_shards
 from .db import Outcome, connect, each_database, execute_script, transaction
 from .errors import ConfigError, ConflictError, DatabaseError, PgidgenError
 from .idgen import DEFAULT_GENERATOR, LOCK_CLASS, render_catalog, render_catalog_grants, render_shard, schema_name
@@ -169,6 +171,7 @@ def init(
     """Create what is missing; on_plan sees the plan before anything runs (to size a progress bar)."""
     names = config.select(list(databases) if databases else None)
     plan, states = plan_init(config, shard_count, names, grant_roles=grant_roles)
+    history = read_history(config, list(config.databases)) if plan.total else {}
     if on_plan is not None:
         on_plan(plan)
     lock = threading.Lock()
@@ -197,10 +200,15 @@ def init(
                 n = min(BATCH, len(shards) - done)
                 done += n
                 tick(n)
+            replayed = replay_for_new_shards(conn, shards, history)
+            for chunk in replayed.chunks:
+                execute_script(conn, chunk)
         parts = []
         if plan.install_catalog[name]:
             parts.append("catalog installed")
         parts.append(f"created {len(shards)} shards ({collapse(shards) or 'none'})")
+        if shards and replayed.files:
+            parts.append(f"replayed {replayed.files} sharded DDL files on them")
         if plan.grant_roles:
             parts.append(f"granted to {', '.join(plan.grant_roles)}")
         return Outcome(name, changed=True, summary=", ".join(parts), details={"created": len(shards)})

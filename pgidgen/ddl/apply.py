@@ -108,8 +108,6 @@ def plan_apply(
     up_to_date: dict[str, list[int]] = {}
     for name in targets:
         led = ledgers[name]
-        if not led.has_catalog:
-            raise ConflictError(f"database {name} has no pgidgen catalog", hint="run pgidgen init first")
         if led.moving:
             raise ConflictError(
                 f"database {name} has shards being moved ({collapse(sorted(led.moving))})",
@@ -242,7 +240,8 @@ def apply_ddl(
             shards = plan.work[name]
             if not shards:
                 if not led.active:
-                    return Outcome(name, summary="holds no shards", details={"applied": 0})
+                    what = "holds no shards" if led.has_catalog else "holds no shards (not initialised)"
+                    return Outcome(name, summary=what, details={"applied": 0})
                 return Outcome(
                     name,
                     summary=f"up to date: {len(led.active)} shards already have {file.name} (#{plan.version.position})",

@@ -152,25 +152,29 @@ def lock_sql() -> str:
     return f"SELECT pg_catalog.pg_advisory_xact_lock({LOCK_CLASS}, {DDL_LOCK});\n"
 
 
-def replay_for_new_shards(conn: psycopg.Connection[Any], shards: Sequence[int], history: Mapping[int, FileVersion]) -> list[tuple[list[int], str]]:
+@dataclass
+class Replay:
+    chunks: list[str] = field(default_factory=list)
+    files: int = 0
+
+
+def replay_for_new_shards(conn: psycopg.Connection[Any], shards: Sequence[int], history: Mapping[int, FileVersion]) -> Replay:
     """Init's hook: the SQL that gives brand-new shards the whole ledger, run in init's own transaction.
 
     Takes the DDL lock, then merges this database's own ledger (an apply-ddl may have committed here since
     init read the others), so the new shards get every file the database's shards have.
     """
     if not shards:
-        return []
+        return Replay()
     conn.execute(lock_sql().encode())
     local = read_ledger(conn)
     merged = merge_history({"(read before)": DatabaseLedger(files=dict(history)), "(this database)": local})
     if not merged:
-        return []
+        return Replay()
     head = render_upgrade(local) + render_files(f for p, f in merged.items() if p not in local.files)
     files = list(merged.values())
-    batches = render_batches({s: files for s in shards})
-    if head:
-        batches.insert(0, ([], head))
-    return batches
+    chunks = [head] + [sql for _, sql in render_batches({s: files for s in shards})]
+    return Replay(chunks=chunks, files=len(files))
 
 
 def ledger_copy_sql(conn: psycopg.Connection[Any], shard: int) -> str:
@@ -191,3 +195,24 @@ def ledger_copy_sql(conn: psycopg.Connection[Any], shard: int) -> str:
         + render_files(files)
         + f"INSERT INTO pgidgen.ddl_ledger (shard, position, sha256, applied_at) VALUES\n{values}\nON CONFLICT (shard, position) DO NOTHING;\n"
     )
+
+
+def read_history(config: Any, names: Sequence[str]) -> dict[int, FileVersion]:
+    """The global DDL history from every named database (init reads it before creating shards)."""
+    from ..db import connect, each_database
+    from ..errors import PgidgenError
+
+    def work(name: str) -> DatabaseLedger:
+        conn = connect(name, config.dsn(name), autocommit=True)
+        try:
+            return read_ledger(conn)
+        finally:
+            conn.close()
+
+    results = each_database(names, work)
+    ledgers: dict[str, DatabaseLedger] = {}
+    for name, res in results.items():
+        if isinstance(res, PgidgenError):
+            raise res
+        ledgers[name] = res
+    return merge_history(ledgers)

@@ -1,0 +1,206 @@
+"""Drift between shards (`pgidgen status --drift`): do all shards hold the same tables, columns, indexes, ...?
+
+One query per database returns a fingerprint per shard schema (an md5 over a normalised description of its
+objects, the schema's own name replaced by `shard_N`), plus each shard's ledger positions. Only when
+fingerprints differ does a second query per database describe one representative shard per fingerprint, so a
+report can say *what* differs: "missing column photos.caption", "extra index ...".
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import psycopg
+
+from ..config import Config
+from ..db import connect, each_database, translate
+from ..errors import PgidgenError
+from ..ranges import collapse
+from .ledger import DatabaseLedger, merge_history, missing_positions, read_ledger
+
+_N = r"regexp_replace({x}, '\m' || s.nspname || '\M', 'shard_N', 'g')"
+
+ITEMS_SQL = """
+WITH s AS (
+    SELECT n.oid AS nsp, n.nspname, sh.shard
+    FROM pgidgen.shards sh JOIN pg_catalog.pg_namespace n ON n.nspname = sh.schema_name
+    WHERE sh.state IN ('active', 'moving') {filter}
+), items AS (
+    SELECT s.shard, 'relation ' || c.relname || ' (' || c.relkind::text || ')' AS item
+    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
+    WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f') AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset')
+  UNION ALL
+    SELECT s.shard, 'column ' || c.relname || '.' || a.attname || ' ' || pg_catalog.format_type(a.atttypid, a.atttypmod)
+        || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+        || coalesce(' default ' || {default}, '')
+    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
+    JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+    LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+    WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')
+  UNION ALL
+    SELECT s.shard, 'index ' || {indexdef}
+    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relkind IN ('i', 'I')
+  UNION ALL
+    SELECT s.shard, 'constraint ' || co.conname || ' on ' || coalesce(c.relname, '-') || ' ' || {condef}
+    FROM s JOIN pg_catalog.pg_constraint co ON co.connamespace = s.nsp
+    LEFT JOIN pg_catalog.pg_class c ON c.oid = co.conrelid
+  UNION ALL
+    SELECT s.shard, 'trigger ' || {trigdef}
+    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
+    JOIN pg_catalog.pg_trigger t ON t.tgrelid = c.oid AND NOT t.tgisinternal
+  UNION ALL
+    SELECT s.shard, 'view ' || c.relname || ' ' || pg_catalog.md5({viewdef})
+    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relkind IN ('v', 'm')
+  UNION ALL
+    SELECT s.shard, 'function ' || p.proname || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ') '
+        || pg_catalog.md5({prosrc})
+    FROM s JOIN pg_catalog.pg_proc p ON p.pronamespace = s.nsp
+    WHERE p.proname <> 'next_id'
+  UNION ALL
+    SELECT s.shard, 'type ' || t.typname || ' (' || t.typtype::text || ')'
+        || coalesce(' ' || (SELECT string_agg(e.enumlabel::text, ',' ORDER BY e.enumsortorder) FROM pg_catalog.pg_enum e WHERE e.enumtypid = t.oid), '')
+    FROM s JOIN pg_catalog.pg_type t ON t.typnamespace = s.nsp AND t.typtype IN ('e', 'd', 'r')
+)
+""".format(
+    filter="{filter}",
+    default=_N.format(x="pg_catalog.pg_get_expr(d.adbin, d.adrelid)"),
+    indexdef=_N.format(x="pg_catalog.pg_get_indexdef(c.oid)"),
+    condef=_N.format(x="pg_catalog.pg_get_constraintdef(co.oid)"),
+    trigdef=_N.format(x="pg_catalog.pg_get_triggerdef(t.oid)"),
+    viewdef=_N.format(x="pg_catalog.pg_get_viewdef(c.oid)"),
+    prosrc=_N.format(x="coalesce(p.prosrc, '') || coalesce(pg_catalog.array_to_string(p.proconfig, ','), '')"),
+)
+
+FINGERPRINT_SQL = (
+    ITEMS_SQL.replace("{filter}", "")
+    + """
+SELECT s.shard, coalesce(pg_catalog.md5(string_agg(i.item, E'\\n' ORDER BY i.item)), pg_catalog.md5(''))
+FROM s LEFT JOIN items i ON i.shard = s.shard
+GROUP BY s.shard
+"""
+)
+
+DETAIL_SQL = ITEMS_SQL.replace("{filter}", "AND sh.shard = ANY(%s)") + "SELECT shard, item FROM items ORDER BY shard, item"
+
+
+@dataclass
+class DatabaseDrift:
+    fingerprints: dict[int, str]
+    details: dict[int, set[str]] = field(default_factory=dict)
+    ledger: DatabaseLedger = field(default_factory=DatabaseLedger)
+
+
+@dataclass
+class Drift:
+    """How the shards differ; empty `problems` means every shard looks the same."""
+
+    shards: int = 0
+    fingerprints: int = 0
+    problems: list[str] = field(default_factory=list)
+    unreachable: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.unreachable
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "shards": self.shards,
+            "schemas_alike": len(self.problems) == 0,
+            "fingerprints": self.fingerprints,
+            "problems": self.problems,
+            "unreachable": self.unreachable,
+            "ok": self.ok,
+        }
+
+
+def _read(conn: psycopg.Connection[Any], name: str) -> DatabaseDrift:
+    try:
+        ledger = read_ledger(conn)
+        if not ledger.has_catalog:
+            return DatabaseDrift({}, ledger=ledger)
+        rows = conn.execute(FINGERPRINT_SQL.encode()).fetchall()
+    except psycopg.Error as e:
+        raise translate(name, e, doing="reading the shards' schemas") from None
+    return DatabaseDrift({int(s): str(fp) for s, fp in rows}, ledger=ledger)
+
+
+def _describe(conn: psycopg.Connection[Any], shards: Sequence[int]) -> dict[int, set[str]]:
+    out: dict[int, set[str]] = {s: set() for s in shards}
+    for shard, item in conn.execute(DETAIL_SQL, (list(shards),)):
+        out[int(shard)].add(str(item))
+    return out
+
+
+def read_drift(config: Config) -> Drift:
+    """Compare every shard in every configured database (one fingerprint query per database)."""
+    names = config.select(None)
+    conns: dict[str, psycopg.Connection[Any]] = {}
+
+    def work(name: str) -> DatabaseDrift:
+        conn = connect(name, config.dsn(name), autocommit=True)
+        conns[name] = conn
+        return _read(conn, name)
+
+    try:
+        results = each_database(names, work)
+        per_db: dict[str, DatabaseDrift] = {}
+        drift = Drift()
+        for name, res in results.items():
+            if isinstance(res, PgidgenError):
+                drift.unreachable[name] = res.render()
+            else:
+                per_db[name] = res
+        where = {s: name for name, d in per_db.items() for s in d.fingerprints}
+        by_fp: dict[str, list[int]] = {}
+        for d in per_db.values():
+            for s, fp in d.fingerprints.items():
+                by_fp.setdefault(fp, []).append(s)
+        drift.shards = len(where)
+        drift.fingerprints = len(by_fp)
+        if len(by_fp) > 1:
+            counts = Counter({fp: len(v) for fp, v in by_fp.items()})
+            majority = max(by_fp, key=lambda fp: (counts[fp], -min(by_fp[fp])))
+            reps = {fp: min(v) for fp, v in by_fp.items()}
+            wanted: dict[str, list[int]] = {}
+            for fp, s in reps.items():
+                wanted.setdefault(where[s], []).append(s)
+            described: dict[int, set[str]] = {}
+            for name, shards in wanted.items():
+                try:
+                    described.update(_describe(conns[name], shards))
+                except psycopg.Error as e:
+                    drift.unreachable[name] = translate(name, e, doing="describing shards").render()
+            base = described.get(reps[majority], set())
+            for fp, shards in sorted(by_fp.items(), key=lambda kv: min(kv[1])):
+                if fp == majority:
+                    continue
+                items = described.get(reps[fp], set())
+                diffs = [f"missing {i}" for i in sorted(base - items)] + [f"extra {i}" for i in sorted(items - base)]
+                dbs = sorted({where[s] for s in shards})
+                drift.problems.append(
+                    f"shards {collapse(shards)} ({', '.join(dbs)}) differ from the {counts[majority]} shards like shard {reps[majority]}: "
+                    + ("; ".join(diffs[:8]) + (f"; and {len(diffs) - 8} more" if len(diffs) > 8 else "") if diffs else "details differ")
+                )
+        try:
+            history = merge_history({n: d.ledger for n, d in per_db.items()})
+        except PgidgenError as e:
+            drift.problems.append(e.render())
+            history = {}
+        if history:
+            for name, d in per_db.items():
+                behind: dict[tuple[int, ...], list[int]] = {}
+                for s in d.fingerprints:
+                    missing = missing_positions(history, d.ledger.shards.get(s, ()))
+                    if missing:
+                        behind.setdefault(tuple(missing), []).append(s)
+                for missing, shards in behind.items():
+                    files = ", ".join(f"#{p} {history[p].name}" for p in missing)
+                    drift.problems.append(
+                        f"{name}: shards {collapse(shards)} lack sharded DDL files {files} (run pgidgen apply-ddl again to catch them up)"
+                    )
+        return drift
+    finally:
+        for conn in conns.values():
+            conn.close()

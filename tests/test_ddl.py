@@ -1,0 +1,247 @@
+"""apply-ddl beyond single statements: the ledger (no-op, changed files, replay for new shards, moves),
+all-or-nothing across databases, drift, --sql, and refusals, against real servers."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+from click.testing import CliRunner, Result
+
+from pgidgen.cli import main
+from pgidgen.config import Config, write_config
+from pgidgen.ddl import parse_file
+from pgidgen.ddl.ledger import ledger_copy_sql
+from pgidgen.init import init
+from pgidgen.layout import Layout
+
+SCHEMA = """CREATE TABLE photos (
+  id         bigint PRIMARY KEY DEFAULT next_id(),
+  user_id    bigint NOT NULL,
+  caption    text,
+  created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX ON photos (user_id, id);
+CREATE TABLE likes (
+  id       bigint PRIMARY KEY DEFAULT next_id(),
+  photo_id bigint NOT NULL REFERENCES photos (id) ON DELETE CASCADE,
+  user_id  bigint NOT NULL
+);
+"""
+SHARDS = 6  # 0-1 on db1, 2-3 on db2, 4-5 on db3
+
+
+def cli(config_file: Path, *args: str) -> Result:
+    return CliRunner().invoke(main, ["--config", str(config_file), *args])
+
+
+def query(config: Config, db: str, sql: str, *params: object) -> list[tuple[object, ...]]:
+    with psycopg.connect(config.databases[db], autocommit=True) as conn:
+        return conn.execute(sql, params or None).fetchall()
+
+
+def execute(config: Config, db: str, sql: str) -> None:
+    with psycopg.connect(config.databases[db], autocommit=True) as conn:
+        conn.execute(sql.encode())
+
+
+def tables(config: Config, db: str, shard: int) -> list[str]:
+    return [r[0] for r in query(config, db, "SELECT relname::text FROM pg_class WHERE relnamespace = %s::regnamespace AND relkind = 'r' ORDER BY 1", f"shard_{shard}")]
+
+
+@pytest.fixture
+def schema_file(tmp_path: Path) -> Path:
+    path = tmp_path / "schema.sql"
+    path.write_text(SCHEMA, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def sharded(config: Config) -> Config:
+    init(config, SHARDS)
+    return config
+
+
+def test_apply_then_again_is_a_no_op(sharded: Config, config_file: Path, schema_file: Path) -> None:
+    first = cli(config_file, "apply-ddl", str(schema_file))
+    assert first.exit_code == 0, first.output
+    assert first.output.splitlines() == [
+        "db1: applied schema.sql (#1) to 2 shards (0-1)",
+        "db2: applied schema.sql (#1) to 2 shards (2-3)",
+        "db3: applied schema.sql (#1) to 2 shards (4-5)",
+    ]
+    for db, shard in (("db1", 0), ("db2", 3), ("db3", 5)):
+        assert tables(sharded, db, shard) == ["likes", "photos"]
+    again = cli(config_file, "apply-ddl", str(schema_file))
+    assert again.exit_code == 0, again.output
+    sha = parse_file(SCHEMA, "schema.sql").sha256
+    assert again.output.splitlines() == [
+        "db1: up to date: 2 shards already have schema.sql (#1)",
+        "db2: up to date: 2 shards already have schema.sql (#1)",
+        "db3: up to date: 2 shards already have schema.sql (#1)",
+        f"nothing to do: every shard already has schema.sql (#1, sha256 {sha[:12]})",
+    ]
+    assert query(sharded, "db2", "SELECT shard, position, sha256 FROM pgidgen.ddl_ledger ORDER BY shard") == [(2, 1, sha), (3, 1, sha)]
+    assert query(sharded, "db2", "SELECT position, name, source FROM pgidgen.ddl_files") == [(1, "schema.sql", SCHEMA)]
+
+
+def test_changed_file_is_refused_unless_asked(sharded: Config, config_file: Path, schema_file: Path) -> None:
+    assert cli(config_file, "apply-ddl", str(schema_file)).exit_code == 0
+    old_sha = parse_file(SCHEMA, "schema.sql").sha256
+    schema_file.write_text("-- photos and likes\n" + SCHEMA, encoding="utf-8")
+    res = cli(config_file, "apply-ddl", str(schema_file))
+    assert res.exit_code == 1
+    assert res.output == (
+        f"Error: schema.sql was applied before with other content (#1, sha256 {old_sha[:12]}; only comments or formatting differ): "
+        "pgidgen never re-runs an edited file by itself: put the change into a new file, or pass --reapply-changed to run the whole "
+        "new version on every shard (write it re-runnable: IF NOT EXISTS, OR REPLACE)\n"
+    )
+    rerunnable = SCHEMA.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS").replace("CREATE INDEX ON", "CREATE INDEX IF NOT EXISTS photos_user ON")
+    rerunnable += "ALTER TABLE photos ADD COLUMN IF NOT EXISTS place text;\n"
+    schema_file.write_text(rerunnable, encoding="utf-8")
+    res = cli(config_file, "apply-ddl", str(schema_file))
+    assert res.exit_code == 1 and "its SQL differs" in res.output
+    res = cli(config_file, "apply-ddl", str(schema_file), "--reapply-changed")
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[0] == "db1: applied schema.sql (#2) to 2 shards (0-1)"
+    assert query(sharded, "db3", "SELECT count(*) FROM pg_attribute WHERE attrelid = 'shard_5.photos'::regclass AND attname = 'place'") == [(1,)]
+    assert query(sharded, "db3", "SELECT shard, position FROM pgidgen.ddl_ledger ORDER BY 1, 2") == [(4, 1), (4, 2), (5, 1), (5, 2)]
+
+
+def test_new_shards_get_the_ledger_replayed(sharded: Config, config_file: Path, schema_file: Path, tmp_path: Path) -> None:
+    """A shard init creates later (here: shard 5, whose creation is undone by hand) gets exactly the same DDL."""
+    assert cli(config_file, "apply-ddl", str(schema_file)).exit_code == 0
+    second = tmp_path / "tags.sql"
+    second.write_text("CREATE TABLE tags (photo_id bigint REFERENCES photos (id), tag text);\n", encoding="utf-8")
+    assert cli(config_file, "apply-ddl", str(second)).exit_code == 0
+    with psycopg.connect(sharded.databases["db3"], autocommit=True) as conn:
+        conn.execute("DROP SCHEMA shard_5 CASCADE")
+        conn.execute("DELETE FROM pgidgen.ddl_ledger WHERE shard = 5")
+        conn.execute("DELETE FROM pgidgen.shards WHERE shard = 5")
+    outcomes = init(sharded, SHARDS)
+    assert [o.summary for o in outcomes if o.changed] == ["created 1 shards (5), replayed 2 sharded DDL files on them"]
+    assert tables(sharded, "db3", 5) == ["likes", "photos", "tags"]
+    assert query(sharded, "db3", "SELECT position FROM pgidgen.ddl_ledger WHERE shard = 5 ORDER BY 1") == [(1,), (2,)]
+    status = cli(config_file, "status", "--drift")
+    assert status.exit_code == 0, status.output
+    assert status.output.splitlines()[-1] == "ok: all 6 shards hold the same schema and the same DDL ledger"
+
+
+def test_a_database_without_ledger_files_gets_them_with_new_shards(config: Config, config_file: Path, schema_file: Path) -> None:
+    """init on db1-db2 first, DDL applied there; db3 joins later via shards whose init had failed."""
+    init(config, 4, ["db1", "db2"])
+    assert cli(config_file, "apply-ddl", str(schema_file)).exit_code == 0
+    with psycopg.connect(config.databases["db2"], autocommit=True) as conn:
+        conn.execute("DROP SCHEMA shard_3 CASCADE")
+        conn.execute("DELETE FROM pgidgen.ddl_ledger WHERE shard = 3")
+        conn.execute("DELETE FROM pgidgen.shards WHERE shard = 3")
+    init(config, 4, ["db1", "db2", "db3"])  # spread puts shard 3 on db3 now
+    assert tables(config, "db3", 3) == ["likes", "photos"]
+    assert query(config, "db3", "SELECT position, name FROM pgidgen.ddl_files") == [(1, "schema.sql")]
+
+
+def test_ledger_rows_travel_with_a_moved_shard(sharded: Config, schema_file: Path, config_file: Path) -> None:
+    assert cli(config_file, "apply-ddl", str(schema_file)).exit_code == 0
+    with psycopg.connect(sharded.databases["db3"], autocommit=True) as conn:
+        copy = ledger_copy_sql(conn, 5)
+        rows = conn.execute("SELECT shard, position, sha256, applied_at FROM pgidgen.ddl_ledger WHERE shard = 5").fetchall()
+    with psycopg.connect(sharded.databases["db1"], autocommit=True) as conn:
+        conn.execute(copy.encode())
+        conn.execute(copy.encode())  # idempotent
+        assert conn.execute("SELECT shard, position, sha256, applied_at FROM pgidgen.ddl_ledger WHERE shard = 5").fetchall() == rows
+
+
+def test_all_or_nothing_across_databases(sharded: Config, config_file: Path, tmp_path: Path) -> None:
+    for db in ("db1", "db2"):
+        execute(sharded, db, "CREATE TABLE public.countries (code text PRIMARY KEY)")
+    path = tmp_path / "addresses.sql"
+    path.write_text("CREATE TABLE addresses (\n  id bigint PRIMARY KEY DEFAULT next_id(),\n  country text REFERENCES public.countries (code)\n);\n")
+    res = cli(config_file, "apply-ddl", str(path))
+    assert res.exit_code == 1
+    assert res.output.splitlines() == [
+        "db1: rolled back because db3 failed",
+        "db2: rolled back because db3 failed",
+        "db3: failed, rolled back: database db3 failed in shard_4 at statement 1 (CREATE TABLE) of addresses.sql:1:1: "
+        'relation "public.countries" does not exist [SQLSTATE 42P01]: nothing was applied anywhere (rolled back); '
+        "fix the file, or the shards it does not fit",
+        "Error: 3 of 3 databases failed (db1, db2, db3); the others are as reported above",
+    ]
+    for db, shard in (("db1", 0), ("db2", 2), ("db3", 4)):
+        assert tables(sharded, db, shard) == []
+        assert query(sharded, db, "SELECT count(*) FROM pgidgen.ddl_ledger") == [(0,)]
+
+
+def test_drift_names_what_differs(sharded: Config, config_file: Path, schema_file: Path) -> None:
+    assert cli(config_file, "apply-ddl", str(schema_file)).exit_code == 0
+    with psycopg.connect(sharded.databases["db2"], autocommit=True) as conn:
+        conn.execute("ALTER TABLE shard_3.photos DROP COLUMN caption")
+        conn.execute("DROP INDEX shard_3.photos_user_id_id_idx")
+        conn.execute("CREATE INDEX extra ON shard_3.likes (user_id)")
+    with psycopg.connect(sharded.databases["db3"], autocommit=True) as conn:
+        conn.execute("DELETE FROM pgidgen.ddl_ledger WHERE shard = 4")
+    res = cli(config_file, "status", "--drift")
+    assert res.exit_code == 1
+    lines = res.output.splitlines()
+    assert [line for line in lines if line.startswith("DRIFT")] == [
+        "DRIFT: shards 3 (db2) differ from the 5 shards like shard 0: missing column photos.caption text; "
+        "missing index CREATE INDEX photos_user_id_id_idx ON shard_N.photos USING btree (user_id, id); "
+        "extra index CREATE INDEX extra ON shard_N.likes USING btree (user_id)",
+        "DRIFT: db3: shards 4 lack sharded DDL files #1 schema.sql (run pgidgen apply-ddl again to catch them up)",
+    ]
+    as_json = json.loads(cli(config_file, "status", "--drift", "--json").output)
+    assert as_json["drift"]["fingerprints"] == 2 and as_json["drift"]["ok"] is False
+
+
+def test_sql_prints_per_database_without_connecting(tmp_path: Path, schema_file: Path) -> None:
+    config_file = tmp_path / "offline.toml"
+    write_config(config_file, Layout.make(), {"db1": "postgresql://nobody@127.0.0.1:1/x", "db2": "postgresql://nobody@127.0.0.1:1/y"})
+    res = cli(config_file, "apply-ddl", str(schema_file), "--sql", "--shards", "4")
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert out.startswith("-- ===== database db1 =====\nBEGIN;\n-- pgidgen apply-ddl schema.sql (#1): database db1\n")
+    assert "SET LOCAL search_path = shard_1, pg_catalog, pg_temp;\nCREATE TABLE shard_1.photos (id bigint PRIMARY KEY DEFAULT shard_1.next_id()," in out
+    assert "REFERENCES shard_3.photos (id) ON DELETE CASCADE" in out
+    assert "INSERT INTO pgidgen.ddl_ledger (shard, position, sha256) VALUES\n(0, 1, '" in out
+    assert "shard_2" not in out.split("-- ===== database db2 =====")[0]
+    assert out.rstrip().endswith("COMMIT;")
+    res = cli(config_file, "apply-ddl", str(schema_file), "--sql")
+    assert res.output == "Error: --sql needs --shards N: --sql does not connect, so it renders for shards spread as init --shards N spreads them\n"
+
+
+def test_every_database_must_be_reachable(sharded: Config, tmp_path: Path, schema_file: Path) -> None:
+    config_file = tmp_path / "partial.toml"
+    write_config(config_file, Layout.make(), {**sharded.databases, "db4": "postgresql://nobody@127.0.0.1:1/x"})
+    res = cli(config_file, "apply-ddl", str(schema_file), "--databases", "db1")
+    assert res.exit_code == 1
+    assert res.output.startswith("Error: cannot connect to database db4 (127.0.0.1:1/x): ")
+    assert res.output.endswith(
+        ": apply-ddl reads every configured database (the order of DDL files is global): bring it back, or remove it from the config\n"
+    )
+    assert tables(sharded, "db1", 0) == []
+
+
+def test_shards_being_moved_are_refused(sharded: Config, config_file: Path, schema_file: Path) -> None:
+    execute(sharded, "db2", "UPDATE pgidgen.shards SET state = 'moving' WHERE shard = 3")
+    res = cli(config_file, "apply-ddl", str(schema_file))
+    assert res.output == (
+        "Error: database db2 has shards being moved (3): a move copies the shard's tables as they are: apply DDL after the move finishes\n"
+    )
+
+
+def test_databases_option_and_json(sharded: Config, config_file: Path, schema_file: Path) -> None:
+    res = cli(config_file, "apply-ddl", str(schema_file), "--databases", "db2", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output) == [
+        {"database": "db2", "ok": True, "changed": True, "summary": "applied schema.sql (#1) to 2 shards (2-3)", "applied": 2, "caught_up": 0}
+    ]
+    assert tables(sharded, "db1", 0) == [] and tables(sharded, "db2", 2) == ["likes", "photos"]
+    res = cli(config_file, "status", "--drift")
+    assert "DRIFT: db1: shards 0-1 lack sharded DDL files #1 schema.sql (run pgidgen apply-ddl again to catch them up)" in res.output
+    assert cli(config_file, "apply-ddl", str(schema_file)).exit_code == 0
+    assert tables(sharded, "db1", 0) == ["likes", "photos"]
+
+
+def test_missing_file(config_file: Path, tmp_path: Path) -> None:
+    res = cli(config_file, "apply-ddl", str(tmp_path / "nope.sql"))
+    assert res.output == f"Error: file {tmp_path / 'nope.sql'} does not exist: give the path of a .sql file\n"
