@@ -289,6 +289,8 @@ def apply_ddl_cmd(
 
     config = get_config(ctx)
     parsed = read_file(file, name)
+    if shards is not None and not sql_only:
+        raise ConfigError("--shards is only used with --sql", hint="apply-ddl applies to the shards the databases hold")
     if sql_only:
         if shards is None:
             raise ConfigError("--sql needs --shards N", hint="--sql does not connect, so it renders for shards spread as init --shards N spreads them")

@@ -47,3 +47,23 @@ def test_drop_and_rename_and_grant_are_qualified() -> None:
         "GRANT SELECT ON TABLE shard_1.pics TO app;",
         "DROP FUNCTION shard_1.touch ();",
     ]
+
+
+def test_types_policies_materialized_views_and_revoke() -> None:
+    f = parse_file(
+        "CREATE TYPE span AS RANGE (subtype = int4); CREATE DOMAIN pos AS int CHECK (VALUE > 0);"
+        " CREATE TYPE pair AS (a pos, b span); ALTER TYPE mood ADD VALUE 'meh';"
+        " CREATE POLICY own ON photos USING (user_id = current_setting('app.user')::bigint);"
+        " CREATE MATERIALIZED VIEW counts AS SELECT user_id, count(*) FROM photos GROUP BY user_id;"
+        " REVOKE ALL ON photos FROM PUBLIC;",
+        "t.sql",
+    )
+    assert f.for_shard(3).splitlines()[1:] == [
+        "CREATE TYPE shard_3.span AS RANGE (subtype = int4);",
+        "CREATE DOMAIN shard_3.pos AS integer CHECK (value > 0);",
+        "CREATE TYPE shard_3.pair AS (a shard_3.pos,  b shard_3.span);",
+        "ALTER TYPE shard_3.mood ADD VALUE 'meh';",
+        "CREATE POLICY own ON shard_3.photos USING (user_id = CAST(current_setting('app.user') AS bigint));",
+        "CREATE MATERIALIZED VIEW shard_3.counts AS SELECT user_id, count(*) FROM shard_3.photos GROUP BY user_id;",
+        "REVOKE ALL ON TABLE shard_3.photos FROM PUBLIC;",
+    ]

@@ -1,9 +1,10 @@
 """`pgidgen apply-ddl`: plan (pure), render (per database SQL), execute.
 
-Policy: one transaction per database, databases in parallel; each database gets the file on all its shards
-or on none (the report says per database). Every configured database is read and locked first (advisory lock
-idgen.LOCK_CLASS / ledger.DDL_LOCK, in name order) because file positions are global; a run applies the file
-and catches each target shard up on any earlier file it lacks, so every shard ends with the same history.
+Policy: all or nothing. Every target database runs its shards in one transaction (a batch of shards per round
+trip), databases in parallel, and the transactions are committed only when every database succeeded. Every
+configured database is read and locked first (advisory lock idgen.LOCK_CLASS / ledger.DDL_LOCK, in name order)
+because file positions are global. A run applies the file and catches each target shard up on any earlier file
+it lacks, so every shard ends with the same history.
 """
 from __future__ import annotations
 
