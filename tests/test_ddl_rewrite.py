@@ -63,7 +63,7 @@ def test_types_policies_materialized_views_and_revoke() -> None:
         "CREATE DOMAIN shard_3.pos AS integer CHECK (value > 0);",
         "CREATE TYPE shard_3.pair AS (a shard_3.pos,  b shard_3.span);",
         "ALTER TYPE shard_3.mood ADD VALUE 'meh';",
-        "CREATE POLICY own ON shard_3.photos USING (user_id = CAST(current_setting('app.user') AS bigint));",
+        "CREATE POLICY own ON shard_3.photos AS PERMISSIVE FOR all TO PUBLIC USING (user_id = CAST(current_setting('app.user') AS bigint));",
         "CREATE MATERIALIZED VIEW shard_3.counts AS SELECT user_id, count(*) FROM shard_3.photos GROUP BY user_id;",
-        "REVOKE ALL ON TABLE shard_3.photos FROM PUBLIC;",
+        "REVOKE ALL PRIVILEGES ON TABLE shard_3.photos FROM PUBLIC;",
     ]

@@ -67,3 +67,19 @@ COMMENT ON COLUMN tickets.no IS 'human-friendly number';
 -- check: SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = '{shard}.tickets'::regclass AND attname = 'm' => {shard}.mood
 -- check: SELECT pg_get_expr(adbin, adrelid) FROM pg_attrdef WHERE adrelid = '{shard}.tickets'::regclass AND adnum = 2 => nextval('{shard}.ticket_no'::regclass)
 -- check: SELECT obj_description('{shard}.tickets'::regclass, 'pg_class') || '/' || col_description('{shard}.tickets'::regclass, 2) => support tickets/human-friendly number
+
+-- Domains, range and composite types, a policy, a materialized view, grants.
+-- setup: DO $$ BEGIN CREATE ROLE app_reader; EXCEPTION WHEN duplicate_object THEN NULL; END $$
+CREATE DOMAIN positive AS int CHECK (VALUE > 0);
+CREATE TYPE span AS RANGE (subtype = int4);
+CREATE TYPE pair AS (a positive, b span);
+CREATE TABLE stock (id bigint PRIMARY KEY DEFAULT next_id(), owner bigint, qty positive, p pair);
+ALTER TABLE stock ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own ON stock USING (owner = 1);
+CREATE MATERIALIZED VIEW stock_by_owner AS SELECT owner, sum(qty) AS qty FROM stock GROUP BY owner;
+GRANT SELECT ON stock, stock_by_owner TO app_reader;
+REVOKE ALL ON stock FROM PUBLIC;
+-- check: SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = '{shard}.stock'::regclass AND attnum > 2 ORDER BY attnum => {shard}.positive, {shard}.pair
+-- check: SELECT polname FROM pg_policy WHERE polrelid = '{shard}.stock'::regclass => own
+-- check: SELECT relkind::text FROM pg_class WHERE oid = '{shard}.stock_by_owner'::regclass => m
+-- check: SELECT has_table_privilege('app_reader', '{shard}.stock', 'SELECT') => True
