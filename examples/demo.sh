@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make demo: two throwaway servers, 2000 logical shards on db1, a table keyed by shard_5.next_id(), decoded IDs.
 set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 trap 'cd "$work" && pgidgen sandbox down >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 cd "$work"
@@ -33,4 +34,21 @@ echo; echo "== pgidgen decode (IDs on stdin)"
 pgidgen decode < ids.txt
 echo; echo "== the same in SQL: pgidgen.decode(id)"
 psql "$DB1" -X -c "SELECT p.id, d.* FROM shard_5.photos p, pgidgen.decode(p.id) d ORDER BY p.id"
+
+echo; echo "== the example app (examples/photos.py): the tables of examples/schema.sql in every shard"
+psql "$DB1" -X -q -c "DROP TABLE shard_5.photos"   # the hand-made table above makes way for the app's
+python3 "$repo/examples/photos.py" setup
+echo; echo "== insert, list, fetch by ID alone, like, a time range on the primary key"
+python3 "$repo/examples/photos.py" demo
+if pgidgen move-shard --help >/dev/null 2>&1; then
+    echo; echo "== a writer for user 42 (shard 42) while 'pgidgen move-shard 42 db2' moves its shard"
+    python3 "$repo/examples/photos.py" write --user 42 --seconds 6 > write.json &
+    writer=$!
+    sleep 2
+    pgidgen move-shard 42 db2
+    wait "$writer"
+    echo "writer: $(cat write.json)"
+    pgidgen locate --key 42
+    python3 "$repo/examples/photos.py" show --user 42
+fi
 echo "== done; the sandbox is removed on exit"
