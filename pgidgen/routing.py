@@ -218,6 +218,7 @@ class Router:
         self.application_name = application_name
         self.stats = {"map_loads": 0, "moved": 0, "retries": 0}
         self._map: RoutingMap | None = None
+        self._paths: dict[int, str] = {}
         self._stale = True
         self._lock = threading.Lock()
         self._pools: dict[str, ConnectionPool] = {}
@@ -390,7 +391,11 @@ class Router:
 
     def search_path_for(self, shard: int) -> str:
         """The search_path value set for shard's transactions: its schema, then the extra ones (quoted)."""
-        return sql.SQL(", ").join(sql.Identifier(s) for s in (schema_name(shard), *self.search_path)).as_string(None)
+        path = self._paths.get(shard)
+        if path is None:
+            path = sql.SQL(", ").join(sql.Identifier(s) for s in (schema_name(shard), *self.search_path)).as_string(None)
+            self._paths[shard] = path
+        return path
 
     def _claim(self, conn: psycopg.Connection[Any], route: Route, read_only: bool) -> None:
         path = self.search_path_for(route.shard)

@@ -1,0 +1,100 @@
+"""routing: a write and a read through Router.run (claim_shard + search_path, pooled) vs the same SQL on a plain
+psycopg connection to the right database; 1 and 4 threads on one shard (the row lock is shared by all writers)."""
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from typing import Any, Callable
+
+import psycopg
+
+from common import row, section, servers, table
+
+from pgidgen.config import Config
+from pgidgen.init import init
+from pgidgen.layout import Layout
+from pgidgen.routing import Router
+
+SHARDS = 16
+N = int(os.environ.get("BENCH_ROUTING_N", "1000"))
+ROUNDS = int(os.environ.get("BENCH_RUNS", "3"))
+THREADS = 4
+INSERT = "INSERT INTO items (k) VALUES (%s) RETURNING id"
+SELECT = "SELECT k FROM items WHERE id = %s"
+
+
+def per_op(threads: int, n: int, op_factory: Callable[[], Callable[[int], Any]]) -> float:
+    """Microseconds per operation: the median latency with one thread, wall time / operations with several."""
+    ops = [op_factory() for _ in range(threads)]
+    barrier = threading.Barrier(threads + 1)
+    latencies: list[float] = []
+
+    def worker(op: Callable[[int], Any]) -> None:
+        barrier.wait()
+        for i in range(n):
+            t0 = time.perf_counter()
+            op(i)
+            latencies.append(time.perf_counter() - t0)
+
+    ts = [threading.Thread(target=worker, args=(op,)) for op in ops]
+    for t in ts:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in ts:
+        t.join()
+    if threads == 1:
+        return statistics.median(latencies) * 1e6
+    return (time.perf_counter() - t0) / (threads * n) * 1e6
+
+
+def run() -> None:
+    with servers(1) as srv:
+        config = Config(layout=Layout.make(), databases={"db1": srv[0].dsn})
+        assert all(o.ok for o in init(config, SHARDS, ["db1"]))
+        with psycopg.connect(srv[0].dsn, autocommit=True) as conn:
+            conn.execute("SET search_path = shard_5")
+            conn.execute("CREATE TABLE items (id bigint PRIMARY KEY DEFAULT next_id(), k bigint NOT NULL)")
+            some_id = conn.execute(INSERT, (0,)).fetchone()[0]  # type: ignore[index]
+
+        def plain_writer() -> Callable[[int], Any]:
+            conn = psycopg.connect(srv[0].dsn, options="-c search_path=shard_5")
+            return lambda i: (conn.execute(INSERT, (i,)).fetchone(), conn.commit())
+
+        def plain_reader() -> Callable[[int], Any]:
+            conn = psycopg.connect(srv[0].dsn, options="-c search_path=shard_5")
+            return lambda i: (conn.execute(SELECT, (some_id,)).fetchone(), conn.commit())
+
+        with Router(config, min_size=THREADS, max_size=THREADS) as router:
+            router.run(5, lambda c: None)  # warm: map loaded, pool open
+
+            def routed_writer() -> Callable[[int], Any]:
+                return lambda i: router.run(5, lambda c: c.execute(INSERT, (i,)).fetchone())
+
+            def routed_reader() -> Callable[[int], Any]:
+                return lambda i: router.run(5, lambda c: c.execute(SELECT, (some_id,)).fetchone(), read_only=True)
+
+            def routed_locate() -> Callable[[int], Any]:
+                return lambda i: router.database_for(router.shard_for(i))
+
+            section(f"one INSERT ... RETURNING id or one SELECT by id per transaction, shard 5: 1 thread median latency, {THREADS} threads wall/op (us, median of {ROUNDS} rounds)")
+            for threads in (1, THREADS):
+                samples: dict[str, list[float]] = {"bw": [], "rw": [], "br": [], "rr": []}
+                for _ in range(ROUNDS):  # interleaved, medians: the machine is shared and noisy
+                    samples["bw"].append(per_op(threads, N, plain_writer))
+                    samples["rw"].append(per_op(threads, N, routed_writer))
+                    samples["br"].append(per_op(threads, N, plain_reader))
+                    samples["rr"].append(per_op(threads, N, routed_reader))
+                base_w, routed_w, base_r, routed_r = (statistics.median(samples[k]) for k in ("bw", "rw", "br", "rr"))
+                row(f"{threads} thread(s): plain psycopg write", base_w, "us")
+                row(f"{threads} thread(s): Router.run write (claim FOR SHARE)", routed_w, "us", base_w, "of plain")
+                row(f"{threads} thread(s): plain psycopg read", base_r, "us")
+                row(f"{threads} thread(s): Router.run read_only", routed_r, "us", base_r, "of plain")
+            row("shard_for + database_for (cached map)", per_op(1, N * 10, routed_locate), "us")
+            t0 = time.perf_counter()
+            for _ in range(5):
+                router.invalidate()
+                router.routing_map()
+            table([("re-reading the map (16 shards, one database)", f"{(time.perf_counter() - t0) / 5 * 1000:.1f} ms")])
