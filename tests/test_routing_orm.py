@@ -1,0 +1,114 @@
+"""docs/orm.md's snippets, executed as written against real servers (SQLAlchemy and Django), also across a move."""
+from __future__ import annotations
+
+import re
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgidgen.config import Config
+from pgidgen.init import init
+from pgidgen.routing import Router
+
+from test_example import photos
+from test_routing import hand_move
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "orm.md"
+SHARDS = 16
+USER = 42  # shard 10: db2 of db1/db2
+
+
+def snippets(heading: str) -> list[str]:
+    """The ```python blocks of one `## heading` section of docs/orm.md, in order."""
+    text = DOC.read_text(encoding="utf-8")
+    section = text.split(f"\n## {heading}", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def doc_module(name: str) -> dict[str, Any]:
+    """A real module's namespace (ORMs resolve annotations through sys.modules)."""
+    mod = types.ModuleType(name)
+    sys.modules[name] = mod
+    return mod.__dict__
+
+
+def run(block: str, ns: dict[str, Any]) -> None:
+    exec(compile(block, str(DOC), "exec", dont_inherit=True), ns)  # as written: no __future__ from this file
+
+
+@pytest.fixture
+def tables(config: Config, config_file: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
+    assert all(o.ok for o in init(config, SHARDS, ["db1", "db2"]))
+    with Router(config, listen=False) as r:
+        photos.create_tables(r)
+    monkeypatch.setenv("PGIDGEN_CONFIG", str(config_file))
+    return config
+
+
+def rows_on(config: Config, name: str, schema: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(config.dsn(name)) as conn:
+        return conn.execute(f'SELECT id, caption FROM "{schema}".photos ORDER BY id').fetchall()
+
+
+def test_sqlalchemy_snippets(tables: Config) -> None:
+    blocks = snippets("SQLAlchemy")
+    assert len(blocks) == 2
+    ns = doc_module("orm_doc")
+    try:
+        for block in blocks:
+            run(block, ns)
+        shard = USER % SHARDS
+        assert rows_on(tables, "db2", f"shard_{shard}")[0][1] == "sunset"
+        first = rows_on(tables, "db2", f"shard_{shard}")[0][0]
+        later = ns["add_photo"](USER, "later")
+        assert ns["photos_between"](USER, photos.ms_to_datetime(tables.layout.decode(first)[0]), photos.ms_to_datetime(tables.layout.decode(later)[0])) == [first, later]
+        # a move the (non-listening) router learns of only through PGR01: the write lands on the new database
+        ns["router"].close()
+        ns["router"] = Router(tables, listen=False)
+        ns["router"].route(shard)
+        retired = hand_move(tables, shard, "db2", "db3", ddl=photos.SCHEMA_FILE.read_text(), tables=("photos", "likes"))
+        moved_id = ns["add_photo"](USER, "after the move")
+        assert ns["router"].database_for(shard) == "db3"
+        assert rows_on(tables, "db3", f"shard_{shard}")[-1] == (moved_id, "after the move")
+        assert len(rows_on(tables, "db2", retired)) == 2  # nothing written to the old copy
+        assert ns["get_photo"](moved_id).caption == "after the move"
+    finally:
+        if "router" in ns:
+            ns["router"].close()
+        for engine in ns.get("engines", {}).values():
+            engine.dispose()
+
+
+def test_django_snippets(tables: Config) -> None:
+    django = pytest.importorskip("django")
+    from django.conf import settings
+    from django.db import connections
+
+    blocks = snippets("Django")
+    assert len(blocks) == 3
+    ns = doc_module("orm_doc_django")
+    run(blocks[0], ns)
+    settings.configure(DATABASES=ns["DATABASES"], INSTALLED_APPS=[], USE_TZ=True)
+    django.setup()
+    try:
+        for block in blocks[1:]:
+            run(block, ns)
+        shard = USER % SHARDS
+        assert rows_on(tables, "db2", f"shard_{shard}")[0][1] == "sunset"
+        ns["router"].close()
+        ns["router"] = Router(tables, listen=False)
+        ns["router"].route(shard)
+        retired = hand_move(tables, shard, "db2", "db1", ddl=photos.SCHEMA_FILE.read_text(), tables=("photos", "likes"))
+        moved_id = ns["add_photo"](USER, "after the move")
+        assert ns["router"].database_for(shard) == "db1"
+        assert rows_on(tables, "db1", f"shard_{shard}")[-1] == (moved_id, "after the move")
+        assert len(rows_on(tables, "db2", retired)) == 1
+        assert ns["get_photo"](moved_id).caption == "after the move"
+    finally:
+        if "router" in ns:
+            ns["router"].close()
+        connections.close_all()
