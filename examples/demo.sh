@@ -35,9 +35,9 @@ pgidgen decode < ids.txt
 echo; echo "== the same in SQL: pgidgen.decode(id)"
 psql "$DB1" -X -c "SELECT p.id, d.* FROM shard_5.photos p, pgidgen.decode(p.id) d ORDER BY p.id"
 
-echo; echo "== the example app (examples/photos.py): the tables of examples/schema.sql in every shard"
+echo; echo "== the example app (examples/photos.py): pgidgen apply-ddl examples/schema.sql"
 psql "$DB1" -X -q -c "DROP TABLE shard_5.photos"   # the hand-made table above makes way for the app's
-python3 "$repo/examples/photos.py" setup
+pgidgen apply-ddl "$repo/examples/schema.sql"
 echo; echo "== insert, list, fetch by ID alone, like, a time range on the primary key"
 python3 "$repo/examples/photos.py" demo
 if pgidgen move-shard --help >/dev/null 2>&1; then

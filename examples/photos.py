@@ -1,6 +1,6 @@
 """A small photo-sharing app on pgidgen: users' photos and likes, sharded by user_id.
 
-    python examples/photos.py setup            # the tables of examples/schema.sql in every shard
+    pgidgen apply-ddl examples/schema.sql      # the tables in every shard (or: python examples/photos.py setup)
     python examples/photos.py demo             # insert, list, fetch by ID alone, like, a time range
     python examples/photos.py write --user 42 --seconds 5   # a continuous writer (run a move meanwhile)
     python examples/photos.py show --user 42   # a user's photos and where they live
@@ -21,14 +21,14 @@ from typing import Any, Sequence
 
 import psycopg
 
-from pgidgen.db import execute_script
+from pgidgen.config import Config
+from pgidgen.db import Outcome
+from pgidgen.ddl.apply import apply_ddl, read_file
 from pgidgen.errors import PgidgenError
-from pgidgen.idgen import schema_name
 from pgidgen.layout import ms_to_datetime
 from pgidgen.routing import Router
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "schema.sql"
-BATCH = 100
 
 
 @dataclass(frozen=True)
@@ -111,31 +111,10 @@ def _photos(conn: psycopg.Connection[Any], query: str, params: Sequence[Any]) ->
     return [Photo(*row) for row in conn.execute(query, params)]
 
 
-def create_tables(router: Router, ddl_path: Path = SCHEMA_FILE) -> dict[str, int]:
-    """The schema file in every shard that lacks it, per database in transactions of BATCH shards, each run with
-    search_path = shard_N so its unqualified names land there. (`pgidgen apply-ddl` does this with a ledger.)"""
-    ddl = ddl_path.read_text(encoding="utf-8")
-    owners = router.routing_map().owners
-    created: dict[str, int] = {}
-    for name in router.config.select(None):
-        shards = sorted(s for s, (db, _) in owners.items() if db == name)
-        if not shards:
-            continue
-        with psycopg.connect(router.config.dsn(name), autocommit=True) as conn:
-            have = {
-                r[0]
-                for r in conn.execute(
-                    "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relname = 'photos' AND c.relkind = 'r'"
-                )
-            }
-            todo = [s for s in shards if schema_name(s) not in have]
-            for i in range(0, len(todo), BATCH):
-                with conn.transaction():
-                    for s in todo[i:i + BATCH]:
-                        conn.execute("SELECT pg_catalog.set_config('search_path', %s, true)", (router.search_path_for(s),))
-                        execute_script(conn, ddl)
-        created[name] = len(todo)
-    return created
+def create_tables(config: Config, ddl_path: Path = SCHEMA_FILE) -> list[Outcome]:
+    """The schema file in every shard of every database: `pgidgen apply-ddl examples/schema.sql`, from Python
+    (all or nothing across databases, recorded in the DDL ledger, a no-op when already applied)."""
+    return apply_ddl(config, read_file(ddl_path)).outcomes
 
 
 # -- the command line ------------------------------------------------------------------------------------
@@ -203,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="photos.py", description="A photo app sharded by user_id on pgidgen.")
     ap.add_argument("--config", help="pgidgen config file (default: ./pgidgen.toml or $PGIDGEN_CONFIG)")
     sub = ap.add_subparsers(dest="command", required=True)
-    sub.add_parser("setup", help="create examples/schema.sql's tables in every shard that lacks them")
+    sub.add_parser("setup", help="examples/schema.sql in every shard (what `pgidgen apply-ddl` does)")
     d = sub.add_parser("demo", help="insert, list, fetch by ID, like, time range")
     d.add_argument("--users", type=int, default=3)
     w = sub.add_parser("write", help="write photos for one user for a while, then verify them all")
@@ -216,8 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         with Router.from_config(args.config) as router:
             app = PhotoApp(router)
             if args.command == "setup":
-                for name, n in create_tables(router).items():
-                    print(f"{name}: created the tables in {n} shards")
+                outcomes = create_tables(router.config)
+                for o in outcomes:
+                    print(f"{o.database}: {o.summary}" + (f": {o.error}" if o.error else ""))
+                if not all(o.ok for o in outcomes):
+                    return 1
             elif args.command == "demo":
                 cmd_demo(app, args.users)
             elif args.command == "write":

@@ -1,6 +1,6 @@
 -- The example app's tables (examples/photos.py), written once, unqualified: they are created in every shard
--- schema (`pgidgen apply-ddl examples/schema.sql`, or the example's own `setup`), where the unqualified
--- next_id() resolves to that shard's generator: in shard_5, id defaults to shard_5.next_id().
+-- schema by `pgidgen apply-ddl examples/schema.sql` (or `python examples/photos.py setup`, which calls it), which
+-- qualifies them per shard: in shard_5, id defaults to shard_5.next_id().
 -- Rows are sharded by the photo owner's user_id (shard = user_id % shard count); a like lives with the
 -- photo it likes, so "who liked this photo" is one query on one shard.
 

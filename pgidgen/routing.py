@@ -507,8 +507,7 @@ class Router:
                         for _ in conn.notifies(timeout=0.2):
                             self.invalidate()
             except psycopg.Error:
-                ready.set()  # unreachable now: routing reports it; keep trying in the background
-                self.invalidate()
+                ready.set()  # unreachable now: the map says so; reconnecting (above) re-reads it
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
 

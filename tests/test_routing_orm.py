@@ -43,8 +43,7 @@ def run(block: str, ns: dict[str, Any]) -> None:
 @pytest.fixture
 def tables(config: Config, config_file: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
     assert all(o.ok for o in init(config, SHARDS, ["db1", "db2"]))
-    with Router(config, listen=False) as r:
-        photos.create_tables(r)
+    assert all(o.ok for o in photos.create_tables(config))
     monkeypatch.setenv("PGIDGEN_CONFIG", str(config_file))
     return config
 
