@@ -366,3 +366,103 @@ def locate_cmd(ctx: click.Context, keys: tuple[int, ...], ids: tuple[str, ...], 
         else:
             what = next(f"{k} {item[k]}" for k in ("key", "id", "shard") if k in item)
             click.echo(f"{what}: shard {item['shard']} on {item['database']} (schema {item['schema']}, {item['state']})")
+
+
+# -- move-shard ----------------------------------------------------------------------------------------
+
+
+def _duration(text: str) -> float:
+    """Seconds from '1s', '500ms', '2.5' (seconds)."""
+    from .errors import InputError
+
+    t = text.strip().lower()
+    try:
+        if t.endswith("ms"):
+            value = float(t[:-2]) / 1000
+        elif t.endswith("s"):
+            value = float(t[:-1])
+        else:
+            value = float(t)
+    except ValueError:
+        raise InputError(f"{text!r} is not a duration", hint="write it like 1s, 500ms or 2.5") from None
+    if not value > 0:
+        raise InputError(f"--max-pause must be more than 0, not {text!r}")
+    return value
+
+
+class _CopyBar(Bar):
+    """The copy's progress: rows against the source's row count, with bytes and replication lag in the label."""
+
+    def show(self, p: Any) -> None:
+        if not self.enabled:
+            return
+        if self._bar is None and p.rows_total:
+            self.start(p.rows_total)
+        if self._bar is not None:
+            lag = "?" if p.lag_bytes is None else f"{p.lag_bytes / 1e6:.1f} MB"
+            self._bar.label = f"{self.label}: {p.tables_ready}/{p.tables_total} tables, {p.bytes_copied / 1e6:.0f} MB in flight, lag {lag}"
+            self._bar.update(p.rows_copied - self._bar.pos)
+
+
+@main.command("move-shard")
+@click.argument("shard", type=int)
+@click.argument("target", required=False, metavar="[TARGET_DB]")
+@click.option("--max-pause", default="1s", show_default=True, metavar="DURATION", help="Longest write pause allowed at the cutover; longer catch-up aborts it.")
+@click.option("--offline", is_flag=True, help="No logical replication: dump and restore under a write lock (writes pause for the whole copy).")
+@click.option("--dry-run", is_flag=True, help="Print the plan (steps, SQL, locks) after the checks, and change nothing.")
+@click.option("--resume", is_flag=True, help="Finish an interrupted move of SHARD from its journal.")
+@click.option("--rollback", is_flag=True, help="Undo an interrupted move of SHARD: the source serves it as before.")
+@click.option("--verify", "verify_only", is_flag=True, help="Compare SHARD with the source copy its last move kept (row counts, checksums).")
+@click.option("--cleanup", is_flag=True, help="Drop the retired read-only source copy of SHARD.")
+@click.option("--drop-source", is_flag=True, help="Drop the source copy right after a verified move.")
+@click.option("--verify-in-pause", is_flag=True, help="Verify before the flip, inside the write pause (the pause then grows with the shard).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report, no progress bar.")
+@click.pass_context
+def move_shard_cmd(ctx: click.Context, shard: int, target: str | None, max_pause: str, offline: bool, dry_run: bool, resume: bool,
+                   rollback: bool, verify_only: bool, cleanup: bool, drop_source: bool, verify_in_pause: bool, as_json: bool) -> None:
+    """Move logical SHARD to TARGET_DB online (logical replication), verified and crash-safe."""
+    from . import move
+
+    config = get_config(ctx)
+    modes = [n for n, on in (("--resume", resume), ("--rollback", rollback), ("--verify", verify_only), ("--cleanup", cleanup)) if on]
+    if len(modes) > 1:
+        raise ConfigError(f"{' and '.join(modes)} cannot be combined", hint="give one of them")
+    if not modes and target is None:
+        raise ConfigError("TARGET_DB is missing", hint=f"pgidgen move-shard {shard} DB (databases: {', '.join(config.databases)})")
+    opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline, drop_source=drop_source, verify_in_pause=verify_in_pause)
+    if dry_run:
+        if modes:
+            raise ConfigError("--dry-run plans a new move", hint=f"drop {modes[0]}")
+        for step in move.plan_move(config, shard, target or "", options=opts):
+            click.echo(f"-- [{step.name}] on {step.database}: {step.what}")
+            for lock in step.locks:
+                click.echo(f"--   lock: {lock}")
+            if step.sql:
+                click.echo(step.sql.rstrip("\n"))
+        return
+    if verify_only or cleanup:
+        result: Any = move.verify_move(config, shard) if verify_only else move.cleanup(config, shard)
+        if as_json:
+            click.echo(json.dumps(result.as_dict(), indent=2))
+        elif cleanup:
+            click.echo(f"dropped {', '.join(result.dropped)}")
+        else:
+            click.echo(f"verified {result.when}: {len(result.tables)} tables")
+            for t in result.tables:
+                click.echo(f"  {t.describe()}")
+        if verify_only and not result.ok:
+            ctx.exit(1)
+        return
+    bar = _CopyBar(interactive(as_json), f"copying shard {shard}")
+    try:
+        if rollback:
+            report = move.rollback_move(config, shard)
+        elif resume:
+            report = move.resume_move(config, shard, options=opts, progress=bar.show)
+        else:
+            report = move.move_shard(config, shard, target or "", options=opts, progress=bar.show)
+    finally:
+        bar.close()
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else "\n".join(report.lines()))
+    if report.verification is not None and not report.verification.ok:
+        ctx.exit(1)

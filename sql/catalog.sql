@@ -100,3 +100,60 @@ CREATE TABLE IF NOT EXISTS pgidgen.ddl_ledger (
 );
 COMMENT ON TABLE pgidgen.ddl_ledger IS 'Which shard has which sharded DDL file (rows of shard N: WHERE shard = N).';
 -- end of sharded DDL
+
+-- ---- move-shard (pgidgen/move/) -------------------------------------------------------------------------
+-- 'incoming': the target's copy of a shard while a move fills it; served by nobody until the flip.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = 'pgidgen.shards'::regclass
+                   AND conname = 'shards_state_check' AND pg_get_constraintdef(oid) LIKE '%incoming%') THEN
+        ALTER TABLE pgidgen.shards DROP CONSTRAINT IF EXISTS shards_state_check;
+        ALTER TABLE pgidgen.shards ADD CONSTRAINT shards_state_check
+            CHECK (state IN ('active', 'moving', 'retired', 'incoming'));
+    END IF;
+END
+$$;
+
+-- The move journal, kept on the source database: one row per move, and every step logged before it runs.
+CREATE TABLE IF NOT EXISTS pgidgen.moves (
+    move_id     bigserial PRIMARY KEY,
+    shard       integer NOT NULL,
+    source      text    NOT NULL,
+    target      text    NOT NULL,
+    mode        text    NOT NULL CHECK (mode IN ('online', 'offline')),
+    token       text    NOT NULL UNIQUE,
+    step        text    NOT NULL,
+    status      text    NOT NULL CHECK (status IN ('running', 'failed', 'done', 'rolled_back')),
+    detail      jsonb   NOT NULL DEFAULT '{}',
+    started_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz
+);
+CREATE UNIQUE INDEX IF NOT EXISTS moves_one_open_per_shard ON pgidgen.moves (shard) WHERE status IN ('running', 'failed');
+COMMENT ON TABLE pgidgen.moves IS 'pgidgen move-shard journal: a move not done or rolled back can be resumed or rolled back.';
+
+CREATE TABLE IF NOT EXISTS pgidgen.move_log (
+    seq     bigserial PRIMARY KEY,
+    move_id bigint NOT NULL REFERENCES pgidgen.moves ON DELETE CASCADE,
+    step    text   NOT NULL,
+    event   text   NOT NULL,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    detail  jsonb  NOT NULL DEFAULT '{}'
+);
+
+-- Replicated alongside a moving shard (row filter on token): the source writes a beat while the shard is frozen,
+-- and once the target shows it, the target has applied every earlier change (apply is in commit order).
+CREATE TABLE IF NOT EXISTS pgidgen.move_heartbeat (
+    token text   PRIMARY KEY,
+    beat  bigint NOT NULL,
+    at    timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- The guard on every table of a retired shard copy: a write that reaches it fails loudly.
+CREATE OR REPLACE FUNCTION pgidgen.refuse_write() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'pgidgen: shard % moved to database %; this copy is retired and read-only', TG_ARGV[0], TG_ARGV[1]
+        USING ERRCODE = 'read_only_sql_transaction', HINT = 'reload the shard map (pgidgen.shards) and write to the new database';
+END
+$$;

@@ -1,0 +1,21 @@
+"""Where shards move: `pgidgen move-shard` and `pgidgen rebalance`.
+
+- context.py   finding the shard and the read-only checks before a move
+- sqltext.py   every statement a move runs, rendered as text (the dry run prints these)
+- journal.py   the journal on the source database: each step recorded before it runs
+- engine.py    the steps: copy by logical replication, cutover, activate, teardown; resume and rollback
+- verify.py    per-table row counts and checksums
+- cleanup.py   --verify afterwards, and --cleanup of the retired source copy
+- plan.py      --dry-run
+"""
+from __future__ import annotations
+
+from .cleanup import CleanupReport, cleanup, verify_move
+from .context import MoveError
+from .engine import CopyProgress, MoveOptions, MoveReport, move_shard, resume_move, rollback_move
+from .plan import plan_move
+
+__all__ = [
+    "CleanupReport", "CopyProgress", "MoveError", "MoveOptions", "MoveReport",
+    "cleanup", "move_shard", "plan_move", "resume_move", "rollback_move", "verify_move",
+]

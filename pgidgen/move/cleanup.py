@@ -1,0 +1,96 @@
+"""After a move: re-verify against the kept source copy, and drop that copy once the DBA is satisfied."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import Config
+from ..db import connect
+from ..errors import ConflictError
+from . import sqltext as q
+from .context import MoveError, read_states
+from .journal import MoveRecord, has_journal, open_move
+from .verify import Verification, compare
+
+
+@dataclass
+class CleanupReport:
+    shard: int
+    dropped: list[str] = field(default_factory=list)  # "db1.shard_5_moved_..."
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"shard": self.shard, "dropped": self.dropped}
+
+
+def cleanup(config: Config, shard: int) -> CleanupReport:
+    """Drop the retired (renamed, read-only) copies of shard, but never the only copy and never mid-move."""
+    states, down = read_states(config)
+    retired = [name for name, st in states.items() if st.shards.get(shard) == "retired"]
+    active = [name for name, st in states.items() if st.shards.get(shard) == "active"]
+    if not retired:
+        raise MoveError(f"no database keeps a retired copy of shard {shard}", hint="nothing to clean up; see 'pgidgen map'")
+    if not active:
+        raise ConflictError(
+            f"shard {shard} is active in no reachable database, so its retired copy may be the only one",
+            where=", ".join(down) or None, hint="check 'pgidgen map'; pgidgen will not drop it",
+        )
+    report = CleanupReport(shard)
+    for name in retired:
+        conn = connect(name, config.dsn(name), autocommit=True)
+        try:
+            rec = open_move(conn, shard)
+            if rec is not None:
+                raise MoveError(f"a move of shard {shard} is not finished (move {rec.move_id}, step {rec.step})", where=name,
+                                hint=f"resume or roll it back first: 'pgidgen move-shard --resume {shard}'")
+            with conn.transaction():
+                row = conn.execute("SELECT schema_name FROM pgidgen.shards WHERE shard = %s AND state = 'retired' FOR UPDATE", (shard,)).fetchone()
+                if row is None:
+                    continue
+                conn.execute(f"DROP SCHEMA IF EXISTS {q.ident(row[0])} CASCADE")
+                conn.execute("DELETE FROM pgidgen.shards WHERE shard = %s AND state = 'retired'", (shard,))
+            report.dropped.append(f"{name}.{row[0]}")
+        finally:
+            conn.close()
+    return report
+
+
+def last_done_move(config: Config, shard: int) -> MoveRecord:
+    states, _ = read_states(config)
+    best: tuple[Any, MoveRecord] | None = None
+    for name, st in states.items():
+        if not st.has_catalog:
+            continue
+        conn = connect(name, config.dsn(name), autocommit=True)
+        try:
+            if not has_journal(conn):
+                continue
+            row = conn.execute(
+                "SELECT finished_at, move_id, shard, source, target, mode, token, step, status, detail FROM pgidgen.moves"
+                " WHERE shard = %s AND status = 'done' ORDER BY finished_at DESC LIMIT 1", (shard,)).fetchone()
+        finally:
+            conn.close()
+        if row is not None and (best is None or row[0] > best[0]):
+            best = (row[0], MoveRecord(*row[1:9], detail=dict(row[9] or {})))
+    if best is None:
+        raise MoveError(f"shard {shard} has no finished move to verify", hint="--verify compares a moved shard with the copy it left behind")
+    return best[1]
+
+
+def verify_move(config: Config, shard: int) -> Verification:
+    """Compare the shard now with the read-only source copy its last move left behind."""
+    rec = last_done_move(config, shard)
+    retired = rec.detail.get("retired_schema")
+    src = connect(rec.source, config.dsn(rec.source), autocommit=True)
+    tgt = connect(rec.target, config.dsn(rec.target), autocommit=True)
+    try:
+        row = src.execute("SELECT schema_name FROM pgidgen.shards WHERE shard = %s AND state = 'retired'", (shard,)).fetchone()
+        if row is None or row[0] != retired:
+            raise MoveError(f"the source copy of shard {shard} ({rec.source}.{retired}) is gone", hint="it was dropped by --cleanup; nothing to compare with")
+        tables = [r[0] for r in src.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r' ORDER BY 1",
+            (retired,))]
+        return compare(src, retired, tgt, f"shard_{shard}", tables,
+                       when=f"now against {rec.source}.{retired} (rows written on {rec.target} since the move show as differences)")
+    finally:
+        src.close()
+        tgt.close()

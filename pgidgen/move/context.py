@@ -1,0 +1,256 @@
+"""Finding a shard and checking, before anything is written, that it can move to the target.
+
+Every check here only reads; each failure is one line saying what is wrong and what to do.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from ..catalog import CatalogState, read_state
+from ..config import Config
+from ..db import connect, each_database
+from ..errors import ConfigError, ConflictError, DatabaseError, InputError, PgidgenError
+from ..idgen import schema_name
+from ..layout import Layout
+from .journal import lock_holder, open_move
+
+
+class MoveError(DatabaseError):
+    """A move could not start, or stopped; the journal says where (resume or roll back)."""
+
+
+@dataclass
+class TableInfo:
+    name: str
+    persistence: str  # p permanent, u unlogged
+    identity_ok: bool
+    identity: str
+    est_rows: int
+    bytes: int
+
+
+@dataclass
+class ShardContext:
+    """Where shard N is, where it goes, what it holds: everything a move plans from."""
+
+    shard: int
+    source: str
+    target: str
+    layout: Layout
+    shard_count: int
+    states: dict[str, CatalogState]
+    tables: list[TableInfo] = field(default_factory=list)
+    sequences: list[str] = field(default_factory=list)
+    source_schema: str = ""
+
+    @property
+    def schema(self) -> str:
+        return schema_name(self.shard)
+
+    @property
+    def target_state(self) -> CatalogState:
+        return self.states[self.target]
+
+
+def read_states(config: Config, *, need: tuple[str, ...] = ()) -> tuple[dict[str, CatalogState], dict[str, str]]:
+    """Every configured database's catalog; those in need must be reachable, the others may be down."""
+
+    def work(name: str) -> CatalogState:
+        conn = connect(name, config.dsn(name), autocommit=True)
+        try:
+            return read_state(conn)
+        finally:
+            conn.close()
+
+    results = each_database(list(config.databases), work)
+    states: dict[str, CatalogState] = {}
+    down: dict[str, str] = {}
+    for name, res in results.items():
+        if isinstance(res, PgidgenError):
+            if name in need:
+                raise res
+            down[name] = res.render()
+        else:
+            states[name] = res
+    return states, down
+
+
+def check_shard_number(shard: int, states: dict[str, CatalogState]) -> tuple[Layout, int]:
+    counts = {st.shard_count for st in states.values() if st.shard_count is not None}
+    layouts = [st.layout for st in states.values() if st.layout is not None]
+    if not counts or not layouts:
+        raise ConfigError("no configured database holds a pgidgen catalog", hint="run 'pgidgen init --shards N' first")
+    count = max(counts)
+    if not 0 <= shard < count:
+        raise InputError(f"shard {shard} does not exist", hint=f"shard numbers run from 0 to {count - 1}")
+    return layouts[0], count
+
+
+def find_holder(shard: int, states: dict[str, CatalogState], down: dict[str, str]) -> str:
+    holders = [name for name, st in states.items() if st.shards.get(shard) in ("active", "moving")]
+    if len(holders) > 1:
+        raise ConflictError(f"shard {shard} is active in more than one database ({', '.join(holders)})", hint="fix the map first; see 'pgidgen map'")
+    if not holders:
+        if down:
+            raise DatabaseError(
+                f"shard {shard} is in no reachable database", where=", ".join(f"{n} unreachable" for n in down),
+                hint="start the unreachable databases and try again",
+            )
+        raise ConflictError(f"shard {shard} is in no database", hint="see 'pgidgen map'")
+    return holders[0]
+
+
+def locate(config: Config, shard: int, target: str) -> ShardContext:
+    """The source of shard and the checks that need only the catalogs: known names, not the same database,
+    target free of the shard, same layout."""
+    config.dsn(target)  # unknown database: ConfigError naming the configured ones
+    states, down = read_states(config, need=(target,))
+    layout, count = check_shard_number(shard, states)
+    source = find_holder(shard, states, down)
+    if source == target:
+        raise ConflictError(f"shard {shard} is already in database {target}", hint="name another database to move it to")
+    tst = states[target]
+    if tst.foreign_catalog:
+        raise ConflictError(f"database {target} has a schema named pgidgen that pgidgen did not create", hint="rename or drop that schema")
+    if tst.layout is not None and tst.layout != layout:
+        raise ConflictError(f"database {target} was initialised with a different ID layout than {source}", hint="a shard can only move between databases of one layout")
+    held = tst.shards.get(shard)
+    if held == "retired":
+        raise ConflictError(
+            f"database {target} still keeps the retired copy of shard {shard} from an earlier move",
+            hint=f"drop it first with 'pgidgen move-shard --cleanup {shard}'",
+        )
+    if held == "incoming":
+        raise ConflictError(
+            f"database {target} holds an incomplete copy of shard {shard} from an interrupted move",
+            hint=f"finish or undo that move: 'pgidgen move-shard --resume {shard}' or '--rollback {shard}'",
+        )
+    if held is not None:
+        raise ConflictError(f"database {target} already holds shard {shard}", hint="see 'pgidgen map'")
+    if shard in tst.shard_schemas:
+        raise ConflictError(
+            f"database {target} already has a schema {schema_name(shard)} that pgidgen did not create",
+            hint="rename or drop it; pgidgen never overwrites a schema it does not own",
+        )
+    return ShardContext(shard=shard, source=source, target=target, layout=layout, shard_count=count, states=states)
+
+
+def read_tables(conn: psycopg.Connection[Any], schema: str) -> tuple[list[TableInfo], list[str]]:
+    tables = [
+        TableInfo(name=r[0], persistence=r[1], identity_ok=bool(r[2]), identity=r[3], est_rows=int(r[4]), bytes=int(r[5]))
+        for r in conn.execute(
+            """
+            SELECT c.relname, c.relpersistence,
+                   CASE c.relreplident
+                     WHEN 'f' THEN true
+                     WHEN 'd' THEN EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+                     WHEN 'i' THEN EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident)
+                     ELSE false END,
+                   CASE c.relreplident WHEN 'f' THEN 'full' WHEN 'i' THEN 'index' WHEN 'n' THEN 'nothing' ELSE 'primary key' END,
+                   CASE WHEN c.reltuples < 0 THEN -1 ELSE c.reltuples::bigint END,
+                   pg_table_size(c.oid)
+            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = %s AND c.relkind = 'r'
+            ORDER BY c.relname
+            """,
+            (schema,),
+        )
+    ]
+    for t in tables:
+        if t.est_rows < 0:  # never analysed: count, so the progress bar has a total
+            t.est_rows = int(conn.execute(f"SELECT count(*) FROM ONLY {_q(schema, t.name)}").fetchone()[0])  # type: ignore[index]
+    sequences = [
+        r[0]
+        for r in conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relkind = 'S' AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset') ORDER BY 1",
+            (schema,),
+        )
+    ]
+    return tables, sequences
+
+
+def _q(schema: str, name: str) -> str:
+    from .sqltext import ident
+
+    return ident(schema, name)
+
+
+def check_tables(ctx: ShardContext, *, online: bool) -> None:
+    if not online:
+        return
+    for t in ctx.tables:
+        if t.persistence != "p":
+            raise MoveError(
+                f"table {ctx.schema}.{t.name} is unlogged, which logical replication cannot copy",
+                hint="make it logged (ALTER TABLE ... SET LOGGED) or move the shard with --offline",
+            )
+        if not t.identity_ok:
+            raise MoveError(
+                f"table {ctx.schema}.{t.name} has no primary key or replica identity",
+                where=ctx.source,
+                hint="add a primary key, or ALTER TABLE ... REPLICA IDENTITY FULL (or move with --offline): "
+                "without one, updates and deletes on the source would fail while it is published",
+            )
+
+
+def check_servers(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any]) -> None:
+    """Replication prerequisites on both servers, each with the setting to change."""
+    wal_level, max_slots, slots, max_senders, senders, can_replicate = src.execute(
+        "SELECT current_setting('wal_level'), current_setting('max_replication_slots')::int,"
+        " (SELECT count(*) FROM pg_replication_slots)::int, current_setting('max_wal_senders')::int,"
+        " (SELECT count(*) FROM pg_stat_replication)::int,"
+        " (SELECT rolsuper OR rolreplication FROM pg_roles WHERE rolname = current_user)"
+    ).fetchone()  # type: ignore[misc]
+    max_workers, workers, sync_workers, superuser = tgt.execute(
+        "SELECT current_setting('max_logical_replication_workers')::int,"
+        " (SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL)::int,"
+        " current_setting('max_sync_workers_per_subscription')::int,"
+        " (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
+    ).fetchone()  # type: ignore[misc]
+    if wal_level != "logical":
+        raise MoveError(
+            f"database {ctx.source} has wal_level = {wal_level}, an online move needs logical",
+            hint="set wal_level = logical and restart that server, or move with --offline (writes pause for the whole copy)",
+        )
+    need = 1 + max(1, min(len(ctx.tables) + 1, sync_workers))
+    if max_slots - slots < need:
+        raise MoveError(
+            f"database {ctx.source} has {max_slots - slots} free replication slots, the move needs {need}",
+            hint="raise max_replication_slots (restart), or drop unused slots (pg_replication_slots)",
+        )
+    if max_senders - senders < need:
+        raise MoveError(
+            f"database {ctx.source} has {max_senders - senders} free WAL senders, the move needs {need}",
+            hint="raise max_wal_senders (restart)",
+        )
+    if max_workers - workers < 2:
+        raise MoveError(
+            f"database {ctx.target} has {max_workers - workers} free logical replication workers, the move needs 2",
+            hint="raise max_logical_replication_workers (and max_worker_processes) and restart, or wait for other moves to finish",
+        )
+    if not can_replicate:
+        raise MoveError(f"the role pgidgen uses on {ctx.source} may not replicate", hint="connect as a superuser or a role WITH REPLICATION")
+    if not superuser:
+        raise MoveError(f"the role pgidgen uses on {ctx.target} is not a superuser", hint="CREATE SUBSCRIPTION needs a superuser in PostgreSQL 15")
+
+
+def check_no_other_move(conn: psycopg.Connection[Any], ctx_source: str, shard: int) -> None:
+    rec = open_move(conn, shard)
+    if rec is None:
+        return
+    pid = lock_holder(conn, shard)
+    if pid is not None:
+        raise MoveError(
+            f"shard {shard} is being moved to {rec.target} right now by another pgidgen (move {rec.move_id}, step {rec.step})",
+            where=f"{ctx_source}, backend pid {pid}",
+            hint="wait for it to finish",
+        )
+    raise MoveError(
+        f"an interrupted move of shard {shard} to {rec.target} exists (move {rec.move_id}, stopped at step {rec.step})",
+        where=ctx_source,
+        hint=f"finish it with 'pgidgen move-shard --resume {shard}' or undo it with 'pgidgen move-shard --rollback {shard}'",
+    )

@@ -1,0 +1,794 @@
+"""Where shards move: the steps of a move, each journaled before it runs and safe to run again.
+
+Policy across databases: every step is one transaction on one database (or a non-transactional replication
+command), in a fixed order, and the journal on the source says which step was last started. A step that runs
+again after a crash first looks at what is already there. Until the target goes active ("activate") the source
+copy is authoritative and a rollback loses nothing; after it, the only way is forward (resume).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import psycopg
+
+from ..config import Config
+from ..db import connect, execute_script, pg_message, scrub
+from ..errors import ConflictError, DatabaseError, PgidgenError
+from ..idgen import render_catalog
+from ..render import static_sql
+from . import sqltext as q
+from .context import (
+    MoveError,
+    ShardContext,
+    check_no_other_move,
+    check_servers,
+    check_tables,
+    locate,
+    read_states,
+    read_tables,
+)
+from .journal import POINT_OF_NO_RETURN, Journal, MoveRecord, lock_holder, open_move, try_lock
+from .verify import Verification, compare
+
+Hook = Callable[[str], None]
+POLL = 0.002
+
+
+@dataclass
+class MoveOptions:
+    max_pause: float = 1.0
+    offline: bool = False
+    attempts: int = 3
+    verify_in_pause: bool = False
+    drop_source: bool = False
+    catchup_timeout: float = 600.0
+    subscription_conninfo: str | None = None
+
+
+@dataclass
+class CopyProgress:
+    tables_ready: int
+    tables_total: int
+    rows_copied: int
+    rows_total: int
+    bytes_copied: int
+    lag_bytes: int | None
+
+
+@dataclass
+class MoveReport:
+    shard: int
+    source: str
+    target: str
+    mode: str
+    move_id: int
+    status: str
+    pause_ms: float | None = None
+    seconds: float = 0.0
+    last_id: int | None = None
+    skew_ms: float | None = None
+    retired_schema: str | None = None
+    attempts: int = 0
+    verification: Verification | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "shard": self.shard, "source": self.source, "target": self.target, "mode": self.mode, "move_id": self.move_id,
+            "status": self.status, "pause_ms": self.pause_ms, "seconds": round(self.seconds, 3), "last_id": self.last_id,
+            "clock_skew_ms": self.skew_ms, "retired_schema": self.retired_schema, "cutover_attempts": self.attempts,
+            "notes": self.notes,
+        }
+        if self.verification is not None:
+            out["verification"] = self.verification.as_dict()
+        return out
+
+    def lines(self) -> list[str]:
+        out = []
+        if self.status == "done":
+            out.append(f"moved shard {self.shard} from {self.source} to {self.target} ({self.mode}) in {self.seconds:.1f}s")
+            if self.pause_ms is not None:
+                out.append(f"write pause: {self.pause_ms:.0f} ms (cutover attempts: {self.attempts})")
+            if self.skew_ms is not None:
+                out.append(f"clock skew {self.target} - {self.source}: {self.skew_ms:+.0f} ms (accounted for in the ID generator)")
+            if self.retired_schema:
+                out.append(f"the source copy is kept read-only as {self.source}.{self.retired_schema}; drop it with 'pgidgen move-shard --cleanup {self.shard}'")
+        elif self.status == "rolled_back":
+            out.append(f"rolled back the move of shard {self.shard} to {self.target}: {self.source} serves it as before; nothing is left on {self.target}")
+        if self.verification is not None:
+            v = self.verification
+            out.append(f"verified {v.when}: {len(v.tables)} tables, {v.rows} rows: " + ("all match" if v.ok else "MISMATCH"))
+            out.extend("  " + t.describe() for t in v.tables if not t.ok)
+        out.extend(self.notes)
+        return out
+
+
+# -- entry points -------------------------------------------------------------------------------------
+
+
+def move_shard(
+    config: Config,
+    shard: int,
+    target: str,
+    *,
+    options: MoveOptions | None = None,
+    progress: Callable[[CopyProgress], None] | None = None,
+    hook: Hook | None = None,
+) -> MoveReport:
+    """Move shard to target while the application keeps writing (or, with options.offline, under a write lock)."""
+    opts = options or MoveOptions()
+    ctx = locate(config, shard, target)
+    admin = connect(ctx.source, config.dsn(ctx.source), autocommit=True)
+    try:
+        ensure_catalog(admin, ctx.source, config)
+        if not try_lock(admin, shard):
+            check_no_other_move(admin, ctx.source, shard)
+            pid = lock_holder(admin, shard)
+            raise MoveError(f"shard {shard} is being moved right now by another pgidgen", where=f"{ctx.source}, backend pid {pid}", hint="wait for it to finish")
+        check_no_other_move(admin, ctx.source, shard)
+        row = admin.execute("SELECT state FROM pgidgen.shards WHERE shard = %s", (shard,)).fetchone()
+        if row is None or row[0] not in ("active", "moving"):
+            raise ConflictError(f"shard {shard} left database {ctx.source} while the move was starting", hint="see 'pgidgen map'")
+        ctx.source_schema = ctx.schema
+        ctx.tables, ctx.sequences = read_tables(admin, ctx.schema)
+        check_tables(ctx, online=not opts.offline)
+        tgt = connect(target, config.dsn(target), autocommit=True)
+        try:
+            if not opts.offline:
+                check_servers(ctx, admin, tgt)
+        finally:
+            tgt.close()
+        token = f"{shard}_{secrets.token_hex(4)}"
+        journal = Journal.open_new(
+            admin, shard=shard, source=ctx.source, target=target, mode="offline" if opts.offline else "online", token=token,
+            detail={"tables": [t.name for t in ctx.tables], "max_pause_ms": int(opts.max_pause * 1000)},
+        )
+        return Mover(config, ctx, journal, opts, progress, hook).run()
+    finally:
+        admin.close()
+
+
+def find_open_move(config: Config, shard: int) -> tuple[str, MoveRecord]:
+    """The database whose journal holds shard's unfinished move (the move's source)."""
+    states, down = read_states(config)
+    for name in config.databases:
+        if name not in states or not states[name].has_catalog:
+            continue
+        conn = connect(name, config.dsn(name), autocommit=True)
+        try:
+            rec = open_move(conn, shard)
+        finally:
+            conn.close()
+        if rec is not None:
+            return name, rec
+    where = ", ".join(f"{n} unreachable" for n in down) or None
+    raise MoveError(f"no interrupted move of shard {shard} was found", where=where, hint="nothing to resume or roll back; see 'pgidgen map'")
+
+
+def _reopen(config: Config, shard: int) -> tuple[ShardContext, psycopg.Connection[Any], Journal]:
+    source, rec = find_open_move(config, shard)
+    config.dsn(rec.target)
+    admin = connect(source, config.dsn(source), autocommit=True)
+    try:
+        if not try_lock(admin, shard):
+            pid = lock_holder(admin, shard)
+            raise MoveError(
+                f"shard {shard} is being moved right now by another pgidgen (move {rec.move_id}, step {rec.step})",
+                where=f"{source}, backend pid {pid}", hint="wait for it to finish, or stop that process first",
+            )
+        rec = open_move(admin, shard) or rec
+        states, _ = read_states(config, need=(source, rec.target))
+        layout = states[source].layout or states[rec.target].layout
+        assert layout is not None
+        ctx = ShardContext(shard=shard, source=source, target=rec.target, layout=layout,
+                           shard_count=states[source].shard_count or 0, states=states)
+        retired = rec.detail.get("retired_schema")
+        live = admin.execute("SELECT schema_name, state FROM pgidgen.shards WHERE shard = %s", (shard,)).fetchone()
+        ctx.source_schema = live[0] if live and live[1] == "retired" and live[0] == retired else ctx.schema
+        ctx.tables, ctx.sequences = read_tables(admin, ctx.source_schema)
+        return ctx, admin, Journal(admin, rec)
+    except BaseException:
+        admin.close()
+        raise
+
+
+def resume_move(
+    config: Config,
+    shard: int,
+    *,
+    options: MoveOptions | None = None,
+    progress: Callable[[CopyProgress], None] | None = None,
+    hook: Hook | None = None,
+) -> MoveReport:
+    """Finish an interrupted move from the step its journal last started."""
+    ctx, admin, journal = _reopen(config, shard)
+    try:
+        opts = options or MoveOptions()
+        opts.offline = journal.record.mode == "offline"
+        journal.log(journal.record.step, "resume", {})
+        return Mover(config, ctx, journal, opts, progress, hook).run(resumed=True)
+    finally:
+        admin.close()
+
+
+def rollback_move(config: Config, shard: int) -> MoveReport:
+    """Undo an interrupted move: the source serves the shard as before, nothing is left on the target."""
+    ctx, admin, journal = _reopen(config, shard)
+    try:
+        return Mover(config, ctx, journal, MoveOptions(), None, None).rollback()
+    finally:
+        admin.close()
+
+
+def ensure_catalog(conn: psycopg.Connection[Any], name: str, config: Config, *, layout: Any = None, shard_count: int = 0) -> None:
+    """Bring an existing catalog up to this version's (the journal tables), or install one on an empty target."""
+    have = conn.execute("SELECT to_regclass('pgidgen.layout') IS NOT NULL, to_regclass('pgidgen.move_heartbeat') IS NOT NULL").fetchone()
+    assert have is not None
+    if have[0] and have[1]:
+        return
+    try:
+        with conn.transaction():
+            if not have[0]:
+                if layout is None:
+                    raise MoveError(f"database {name} has no pgidgen catalog", hint="run 'pgidgen init' first")
+                execute_script(conn, render_catalog(layout, shard_count=shard_count))
+            else:
+                execute_script(conn, static_sql("catalog.sql"))
+    except psycopg.Error as e:
+        raise DatabaseError(f"database {name} failed while upgrading the pgidgen catalog: {pg_message(e)}") from None
+
+
+def stop_hook_from_env() -> Hook | None:
+    """Crash tests: PGIDGEN_MOVE_STOP_AT=step makes the CLI announce the step on stderr and hang there until killed."""
+    where = os.environ.get("PGIDGEN_MOVE_STOP_AT")
+    if not where:
+        return None
+
+    def hook(point: str) -> None:
+        if point == where:
+            sys.stderr.write(f"pgidgen: stopped at {point}\n")
+            sys.stderr.flush()
+            time.sleep(3600)
+
+    return hook
+
+
+# -- the mover ----------------------------------------------------------------------------------------
+
+
+class CutoverAborted(Exception):
+    """Catch-up or the lock did not fit in --max-pause: the source was left serving."""
+
+
+class Mover:
+    def __init__(
+        self,
+        config: Config,
+        ctx: ShardContext,
+        journal: Journal,
+        options: MoveOptions,
+        progress: Callable[[CopyProgress], None] | None,
+        hook: Hook | None,
+    ) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.journal = journal
+        self.rec = journal.record
+        self.opts = options
+        self.progress = progress
+        self.hook = hook or stop_hook_from_env()
+        self.names = q.Names(self.rec.token)
+        self.admin = journal.conn  # source, autocommit, holds the move lock
+        self._tgt: psycopg.Connection[Any] | None = None
+        self.snapshot: psycopg.Connection[Any] | None = None
+        self.verification: Verification | None = None
+        self.report = MoveReport(ctx.shard, ctx.source, ctx.target, self.rec.mode, self.rec.move_id, "running")
+        self.t0 = time.perf_counter()
+
+    # connections ----------------------------------------------------------------------------------
+    @property
+    def tgt(self) -> psycopg.Connection[Any]:
+        if self._tgt is None or self._tgt.closed:
+            self._tgt = connect(self.ctx.target, self.config.dsn(self.ctx.target), autocommit=True)
+        return self._tgt
+
+    def _close(self) -> None:
+        for c in (self._tgt, self.snapshot):
+            if c is not None and not c.closed:
+                c.close()
+
+    def _point(self, name: str) -> None:
+        if self.hook is not None:
+            self.hook(name)
+
+    # running --------------------------------------------------------------------------------------
+    def run(self, *, resumed: bool = False) -> MoveReport:
+        steps = self.rec.steps
+        first = steps.index(self.rec.step) if self.rec.step in steps else 0
+        step = self.rec.step
+        try:
+            for step in steps[first:]:
+                self.journal.start(step)
+                self._point(step)
+                getattr(self, "step_" + step)()
+            self.journal.finish("done")
+        except CutoverAborted as e:
+            self.journal.start("catchup")
+            self.journal.fail("cutover", str(e))
+            raise MoveError(
+                f"shard {self.ctx.shard} did not move: {e}", where=self.ctx.source,
+                hint=f"the source keeps serving it; retry with 'pgidgen move-shard --resume {self.ctx.shard}' "
+                f"(perhaps with a larger --max-pause, or when writes are lighter) or undo with --rollback {self.ctx.shard}",
+            ) from None
+        except PgidgenError as e:
+            self._fail(step, e.render())
+            raise
+        except psycopg.Error as e:
+            msg = f"database error during step {step} of the move of shard {self.ctx.shard}: {pg_message(e)}"
+            self._fail(step, msg)
+            raise MoveError(msg, hint=self._next_hint(step)) from None
+        except BaseException as e:
+            self._fail(step, f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            self._close()
+        self.report.status = "done"
+        self.report.seconds = time.perf_counter() - self.t0
+        self.report.verification = self.verification
+        d = self.rec.detail
+        self.report.retired_schema = d.get("retired_schema")
+        self.report.last_id = d.get("last_id")
+        self.report.skew_ms = d.get("skew_ms")
+        if resumed:
+            self.report.notes.append(f"resumed move {self.rec.move_id}")
+        if self.opts.drop_source and self.report.retired_schema:
+            from .cleanup import cleanup
+
+            cleanup(self.config, self.ctx.shard)
+            self.report.notes.append(f"dropped the source copy {self.ctx.source}.{self.report.retired_schema}")
+            self.report.retired_schema = None
+        return self.report
+
+    def _fail(self, step: str, error: str) -> None:
+        try:
+            if not self.admin.closed:
+                self.journal.fail(step, scrub(error))
+        except psycopg.Error:
+            pass
+
+    def _next_hint(self, step: str) -> str:
+        steps = self.rec.steps
+        if step in steps and steps.index(step) > steps.index(POINT_OF_NO_RETURN):
+            return f"the target serves the shard already; finish with 'pgidgen move-shard --resume {self.ctx.shard}'"
+        return f"fix the cause, then 'pgidgen move-shard --resume {self.ctx.shard}' or undo with '--rollback {self.ctx.shard}'"
+
+    def _target_row(self) -> tuple[str, str] | None:
+        row = self.tgt.execute("SELECT state, schema_name FROM pgidgen.shards WHERE shard = %s", (self.ctx.shard,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    # steps ----------------------------------------------------------------------------------------
+    def step_prepare(self) -> None:
+        ensure_catalog(self.tgt, self.ctx.target, self.config, layout=self.ctx.layout, shard_count=self.ctx.shard_count)
+        self.admin.execute(q.source_moving_sql(self.ctx.shard))
+
+    def dump_schema(self) -> str:
+        pg_dump = _tool("pg_dump")
+        proc = subprocess.run(
+            [pg_dump, "--schema-only", f"--schema={self.ctx.schema}", "--no-publications", "--no-subscriptions",
+             "--no-tablespaces", "--no-security-labels", "-d", self.config.dsn(self.ctx.source)],
+            capture_output=True, text=True,
+        )
+        if proc.returncode != 0:
+            raise MoveError(f"pg_dump of {self.ctx.schema} on {self.ctx.source} failed: {scrub(_last_line(proc.stderr))}")
+        lines = []
+        for line in proc.stdout.splitlines():
+            if line.startswith("\\"):
+                if re.match(r"^\\(un)?restrict\b", line):
+                    continue
+                raise MoveError(f"pg_dump of {self.ctx.schema} printed a psql command pgidgen cannot run: {line[:40]}")
+            lines.append(line)
+        return "\n".join(lines) + "\n"
+
+    def step_schema(self) -> None:
+        row = self._target_row()
+        if row is not None:
+            if row[0] == "incoming":
+                return  # committed together with the schema: already done
+            raise ConflictError(f"database {self.ctx.target} holds shard {self.ctx.shard} as {row[0]}", hint="see 'pgidgen map'")
+        script = self.dump_schema()
+        try:
+            with self.tgt.transaction():
+                execute_script(self.tgt, script)
+                execute_script(self.tgt, q.target_row_sql(self.ctx.shard, self.ctx.schema))
+        except psycopg.Error as e:
+            raise MoveError(
+                f"database {self.ctx.target} refused the schema of shard {self.ctx.shard}: {pg_message(e)}",
+                hint="create the roles the shard's objects belong to on the target, then --resume" if getattr(e, "sqlstate", "") == "42704" else self._next_hint("schema"),
+            ) from None
+        finally:
+            self.tgt.execute("RESET ALL")
+            self.tgt.execute("SET search_path TO DEFAULT")
+
+    def step_publication(self) -> None:
+        if self.admin.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.names.publication,)).fetchone():
+            return
+        tables = [q.TableRef(self.ctx.schema, t.name) for t in self.ctx.tables]
+        with self.admin.transaction():
+            execute_script(self.admin, q.publication_sql(self.names, tables))
+
+    def step_slot(self) -> None:
+        if self.admin.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.names.slot,)).fetchone():
+            return
+        execute_script(self.admin, q.slot_sql(self.names))
+
+    def step_subscription(self) -> None:
+        row = self.tgt.execute("SELECT oid FROM pg_subscription WHERE subname = %s", (self.names.subscription,)).fetchone()
+        if row is None:
+            conninfo = self.opts.subscription_conninfo or self.config.dsn(self.ctx.source)
+            try:
+                execute_script(self.tgt, q.subscription_sql(self.names, conninfo))
+            except psycopg.Error as e:
+                raise MoveError(
+                    f"database {self.ctx.target} could not subscribe to {self.ctx.source}: {pg_message(e)}",
+                    hint="the target server itself must reach the source with the connection string in the config (trust, ~/.pgpass of its OS user, or --subscription-conninfo)",
+                ) from None
+            row = self.tgt.execute("SELECT oid FROM pg_subscription WHERE subname = %s", (self.names.subscription,)).fetchone()
+        assert row is not None
+        self.journal.note("subscription", subscription_oid=int(row[0]))
+
+    def _sub_oid(self) -> int | None:
+        row = self.tgt.execute("SELECT oid FROM pg_subscription WHERE subname = %s", (self.names.subscription,)).fetchone()
+        return int(row[0]) if row else None
+
+    def _errors(self, oid: int) -> int:
+        row = self.tgt.execute("SELECT coalesce(apply_error_count + sync_error_count, 0) FROM pg_stat_subscription_stats WHERE subid = %s", (oid,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def step_copy(self) -> None:
+        oid = self._sub_oid()
+        if oid is None:
+            raise MoveError(f"the subscription {self.names.subscription} vanished from {self.ctx.target}", hint=self._next_hint("copy"))
+        est = {t.name: t.est_rows for t in self.ctx.tables}
+        total = sum(est.values())
+        errors0 = self._errors(oid)
+        while True:
+            states = self.tgt.execute(
+                "SELECT c.relname, r.srsubstate FROM pg_subscription_rel r JOIN pg_class c ON c.oid = r.srrelid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE r.srsubid = %s AND n.nspname = %s",
+                (oid, self.ctx.schema),
+            ).fetchall()
+            hb = self.tgt.execute(
+                "SELECT r.srsubstate FROM pg_subscription_rel r WHERE r.srsubid = %s AND r.srrelid = 'pgidgen.move_heartbeat'::regclass", (oid,)
+            ).fetchone()
+            ready = {name for name, st in states if st in ("r", "s")}
+            done = len(ready) == len(self.ctx.tables) and hb is not None and hb[0] in ("r", "s")
+            if self.progress is not None:
+                copying = self.tgt.execute(
+                    "SELECT c.relname, p.tuples_processed, p.bytes_processed FROM pg_stat_progress_copy p"
+                    " JOIN pg_class c ON c.oid = p.relid WHERE p.datid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                ).fetchall()
+                rows = sum(est.get(n, 0) for n in ready) + sum(int(r[1]) for r in copying if r[0] not in ready)
+                self.progress(CopyProgress(len(ready), len(self.ctx.tables), min(rows, total) if not done else total, total,
+                                           sum(int(r[2]) for r in copying), self._lag()))
+            if done:
+                return
+            if self._errors(oid) > errors0:
+                raise MoveError(
+                    f"the initial copy of shard {self.ctx.shard} into {self.ctx.target} reported an error",
+                    where=f"{self.ctx.target}'s server log",
+                    hint=f"fix the cause (see the log), then --resume {self.ctx.shard}, or --rollback {self.ctx.shard}",
+                )
+            time.sleep(0.2)
+
+    def _lag(self) -> int | None:
+        row = self.admin.execute(
+            "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = %s", (self.names.slot,)
+        ).fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
+    def _beat(self, deadline: float) -> bool:
+        """Write a heartbeat on the source and wait until the target has applied it (or the deadline passes)."""
+        beat = time.time_ns()
+        execute_script(self.admin, q.heartbeat_sql(self.rec.token, beat))
+        while True:
+            row = self.tgt.execute("SELECT beat FROM pgidgen.move_heartbeat WHERE token = %s", (self.rec.token,)).fetchone()
+            if row is not None and int(row[0]) >= beat:
+                return True
+            if time.perf_counter() > deadline:
+                return False
+            time.sleep(POLL)
+
+    def step_catchup(self) -> None:
+        """Wait until replication keeps up (a heartbeat arrives within half the pause budget); measure the skew."""
+        oid = self._sub_oid()
+        errors0 = self._errors(oid) if oid else 0
+        give_up = time.perf_counter() + self.opts.catchup_timeout
+        while True:
+            t = time.perf_counter()
+            if self._beat(min(give_up, t + max(self.opts.max_pause, 5.0))) and time.perf_counter() - t <= self.opts.max_pause / 2:
+                break
+            if oid and self._errors(oid) > errors0:
+                raise MoveError(f"applying changes of shard {self.ctx.shard} on {self.ctx.target} failed", where=f"{self.ctx.target}'s server log",
+                                hint=f"fix the cause (see the log), then --resume {self.ctx.shard}, or --rollback {self.ctx.shard}")
+            if time.perf_counter() > give_up:
+                raise CutoverAborted(f"replication did not catch up within {self.opts.catchup_timeout:.0f}s")
+            if self.progress is not None:
+                self.progress(CopyProgress(len(self.ctx.tables), len(self.ctx.tables), 0, 0, 0, self._lag()))
+        self._measure_skew()
+
+    def _measure_skew(self) -> None:
+        skew, unc = measure_skew(self.admin, self.tgt)
+        self.journal.note("catchup", skew_ms=round(skew, 3), skew_uncertainty_ms=round(unc, 3))
+
+    def step_cutover(self) -> None:
+        if self._source_retired():
+            return
+        if "skew_ms" not in self.rec.detail:
+            self._measure_skew()
+        attempts = max(1, self.opts.attempts)
+        last: CutoverAborted | None = None
+        for attempt in range(1, attempts + 1):
+            self.report.attempts = attempt
+            try:
+                self._cutover_once()
+                return
+            except CutoverAborted as e:
+                last = e
+                self.journal.log("cutover", "aborted", {"attempt": attempt, "reason": str(e)})
+                if attempt < attempts:
+                    time.sleep(0.2 * attempt)
+                    if not self.opts.offline:
+                        self.step_catchup()
+        assert last is not None
+        raise CutoverAborted(f"{last} ({attempts} attempts)")
+
+    def _source_retired(self) -> bool:
+        retired = self.rec.detail.get("retired_schema")
+        if not retired:
+            return False
+        row = self.admin.execute("SELECT state, schema_name FROM pgidgen.shards WHERE shard = %s", (self.ctx.shard,)).fetchone()
+        if row is not None and row[0] == "retired" and row[1] == retired:
+            self.ctx.source_schema = retired
+            return True
+        return False
+
+    def _cutover_once(self) -> None:
+        shard, schema = self.ctx.shard, self.ctx.schema
+        retired = f"{schema}_moved_{time.strftime('%Y%m%d%H%M%S', time.gmtime())}"
+        self.journal.note("cutover", retired_schema=retired)
+        tables = [q.TableRef(schema, t.name) for t in self.ctx.tables]
+        budget = self.opts.max_pause
+        src = connect(self.ctx.source, self.config.dsn(self.ctx.source))
+        snap: psycopg.Connection[Any] | None = None
+        committed = False
+        try:
+            t_start = time.perf_counter()
+            deadline = t_start + budget
+            try:
+                execute_script(src, q.freeze_sql(tables, int(budget * 1000)))
+            except psycopg.errors.LockNotAvailable:
+                src.rollback()
+                raise CutoverAborted(f"the shard's tables could not be locked within --max-pause {budget * 1000:.0f} ms (long transactions on them?)") from None
+            now = {r[0] for r in src.execute(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r'", (schema,))}
+            if now != {t.name for t in self.ctx.tables}:
+                src.rollback()
+                raise MoveError(
+                    f"the tables of {schema} changed during the move ({', '.join(sorted(now ^ {t.name for t in self.ctx.tables}))})",
+                    where=self.ctx.source, hint=f"tables created or dropped mid-move are not replicated: roll back with --rollback {shard} and move again",
+                )
+            if self.opts.offline:
+                self._offline_copy()
+            elif not self._beat(deadline):
+                src.rollback()
+                raise CutoverAborted(f"the target did not catch up within --max-pause {budget * 1000:.0f} ms")
+            snap = connect(self.ctx.target, self.config.dsn(self.ctx.target))
+            snap.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            snap.execute("SELECT 1 FROM pgidgen.shards LIMIT 1")  # the snapshot: the target at the cutover point
+            self._point("cutover:frozen")
+            if self.opts.offline or self.opts.verify_in_pause:
+                v = compare(src, schema, snap, schema, [t.name for t in self.ctx.tables], when="at the cutover point, before the flip")
+                if not v.ok:
+                    src.rollback()
+                    self.verification = v
+                    raise MoveError(
+                        f"the copy of shard {shard} on {self.ctx.target} differs from the source: "
+                        + "; ".join(t.describe() for t in v.mismatches()),
+                        hint=f"nothing was flipped; the source keeps serving; roll back with --rollback {shard}",
+                    )
+                self.verification = v
+            execute_script(src, q.retire_sql(shard, schema, retired, tables, self.ctx.target))
+            src.commit()
+            committed = True
+            self.ctx.source_schema = retired
+            self.pause_started = t_start
+        finally:
+            if not committed and not src.closed:
+                src.rollback()
+            src.close()
+            if not committed and snap is not None:
+                snap.close()
+        self.snapshot = snap
+
+    def _offline_copy(self) -> None:
+        """Inside the freeze: the shard's rows and sequence values, dump piped into restore."""
+        pg_dump, psql = _tool("pg_dump"), _tool("psql")
+        dump = subprocess.Popen(
+            [pg_dump, "--data-only", f"--schema={self.ctx.schema}", "-d", self.config.dsn(self.ctx.source)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        restore = subprocess.run(
+            [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-d", self.config.dsn(self.ctx.target)],
+            stdin=dump.stdout, capture_output=True, text=True,
+        )
+        assert dump.stdout is not None
+        dump.stdout.close()
+        err = dump.stderr.read().decode() if dump.stderr else ""
+        if dump.wait() != 0:
+            raise MoveError(f"pg_dump of {self.ctx.schema} on {self.ctx.source} failed: {scrub(_last_line(err))}", hint=self._next_hint("cutover"))
+        if restore.returncode != 0:
+            raise MoveError(f"restoring {self.ctx.schema} into {self.ctx.target} failed: {scrub(_last_line(restore.stderr))}", hint=self._next_hint("cutover"))
+
+    def step_activate(self) -> None:
+        row = self._target_row()
+        if row is not None and row[0] == "active":
+            return
+        if row is None or row[0] != "incoming":
+            raise MoveError(f"database {self.ctx.target} lost its copy of shard {self.ctx.shard}", hint="see 'pgidgen map' and the journal (pgidgen.move_log)")
+        shard, retired = self.ctx.shard, self.ctx.source_schema
+        last_id = int(self.admin.execute("SELECT pgidgen.last_id(%s)", (shard,)).fetchone()[0])  # type: ignore[index]
+        seqs = [q.SeqValue(r[0], int(r[1]), bool(r[2])) for r in self.admin.execute(
+            "SELECT s.sequencename, coalesce(s.last_value, s.start_value), s.last_value IS NOT NULL FROM pg_sequences s"
+            " WHERE s.schemaname = %s AND s.sequencename NOT IN ('pgidgen_counter', 'pgidgen_offset')", (retired,))]
+        skew = float(self.rec.detail.get("skew_ms", 0.0))
+        unc = float(self.rec.detail.get("skew_uncertainty_ms", 0.0))
+        ahead = math.ceil(-skew + unc) + 1
+        self.journal.note("activate", last_id=last_id, ahead_ms=ahead)
+        sub = None if self.opts.offline else (self.names.subscription if self._sub_oid() else None)
+        with self.tgt.transaction():
+            execute_script(self.tgt, q.activate_sql(shard, self.ctx.schema, last_id=last_id, ahead_ms=ahead, sequences=seqs, subscription=sub))
+        started = getattr(self, "pause_started", None)
+        if started is not None:
+            self.report.pause_ms = (time.perf_counter() - started) * 1000
+            self.journal.note("activate", pause_ms=round(self.report.pause_ms, 1))
+
+    def step_teardown(self) -> None:
+        teardown(self.admin, self.tgt, self.names, self.rec.detail.get("subscription_oid"))
+
+    def step_verify(self) -> None:
+        if self.verification is not None:
+            if self.snapshot is not None:
+                self.snapshot.close()
+            self.journal.note("verify", verified=self.verification.ok)
+            return
+        tables = [t.name for t in self.ctx.tables]
+        if self.snapshot is not None:
+            v = compare(self.admin, self.ctx.source_schema, self.snapshot, self.ctx.schema, tables)
+            self.snapshot.close()
+        else:
+            v = compare(self.admin, self.ctx.source_schema, self.tgt, self.ctx.schema, tables,
+                        when="after a resume (the cutover snapshot died with the interrupted run; writes to the target since the flip show as differences)")
+        self.verification = v
+        self.journal.note("verify", verified=v.ok)
+        if not v.ok and self.snapshot is not None:
+            raise MoveError(
+                f"shard {self.ctx.shard} moved, but its copy on {self.ctx.target} differs from the source at the cutover point: "
+                + "; ".join(t.describe() for t in v.mismatches()),
+                hint=f"the source copy is kept read-only as {self.ctx.source}.{self.ctx.source_schema} for repair; investigate before --cleanup",
+            )
+
+    # rollback -------------------------------------------------------------------------------------
+    def rollback(self) -> MoveReport:
+        shard = self.ctx.shard
+        try:
+            row = self._target_row()
+            if row is not None and row[0] == "active":
+                raise MoveError(
+                    f"the move of shard {shard} is past its flip: {self.ctx.target} serves the shard and may have taken writes",
+                    hint=f"finish it with 'pgidgen move-shard --resume {shard}'; to go back, move the shard again afterwards",
+                )
+            self.journal.log(self.rec.step, "rollback", {})
+            teardown(self.admin, self.tgt, self.names, self.rec.detail.get("subscription_oid"))
+            if row is not None and row[0] == "incoming":
+                with self.tgt.transaction():
+                    self.tgt.execute(f"DROP SCHEMA IF EXISTS {q.ident(self.ctx.schema)} CASCADE")
+                    self.tgt.execute("DELETE FROM pgidgen.shards WHERE shard = %s AND state = 'incoming'", (shard,))
+            src_row = self.admin.execute("SELECT state, schema_name FROM pgidgen.shards WHERE shard = %s", (shard,)).fetchone()
+            with self.admin.transaction():
+                if src_row is not None and src_row[0] == "retired":
+                    execute_script(self.admin, q.unretire_sql(shard, self.ctx.schema, src_row[1], [t.name for t in self.ctx.tables]))
+                else:
+                    self.admin.execute("UPDATE pgidgen.shards SET state = 'active', updated_at = now() WHERE shard = %s AND state = 'moving'", (shard,))
+            self.journal.finish("rolled_back")
+        finally:
+            self._close()
+        self.report.status = "rolled_back"
+        return self.report
+
+
+def teardown(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], names: q.Names, sub_oid: int | None) -> None:
+    """Drop the subscription, the slots (ours and any table-sync slots left behind) and the publication."""
+    row = tgt.execute("SELECT oid FROM pg_subscription WHERE subname = %s", (names.subscription,)).fetchone()
+    if row is not None:
+        sub_oid = sub_oid or int(row[0])
+        for stmt in q.drop_subscription_sql(names.subscription).splitlines():
+            tgt.execute(stmt)
+    drop_slots(src, names, sub_oid)
+    execute_script(src, q.drop_publication_sql(names))
+    tgt.execute("DELETE FROM pgidgen.move_heartbeat WHERE token = %s", (names.token,))
+
+
+def drop_slots(src: psycopg.Connection[Any], names: q.Names, sub_oid: int | None, *, wait: float = 15.0) -> None:
+    """A slot stays active until its walsender notices the subscriber left: wait, then end that walsender."""
+    pattern = f"pg_{sub_oid}_sync_%" if sub_oid else None
+    deadline = time.monotonic() + wait
+    while True:
+        rows = src.execute(
+            "SELECT slot_name, active, active_pid FROM pg_replication_slots WHERE slot_name = %s OR slot_name LIKE %s",
+            (names.slot, pattern or names.slot),
+        ).fetchall()
+        if not rows:
+            return
+        for name, active, pid in rows:
+            if not active:
+                try:
+                    src.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+                except psycopg.errors.ObjectInUse:
+                    pass
+                except psycopg.errors.UndefinedObject:
+                    pass
+            elif time.monotonic() > deadline and pid:
+                src.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        time.sleep(0.05)
+
+
+def measure_skew(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], rounds: int = 5) -> tuple[float, float]:
+    """(target clock - source clock, uncertainty) in ms, each server read against this machine's clock; the
+    round with the shortest round trips wins, and half of both round trips is the uncertainty."""
+    best: tuple[float, float] | None = None
+    query = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::float8"
+    for _ in range(rounds):
+        a0 = time.time()
+        s = float(src.execute(query).fetchone()[0])  # type: ignore[index]
+        a1 = time.time()
+        b0 = time.time()
+        t = float(tgt.execute(query).fetchone()[0])  # type: ignore[index]
+        b1 = time.time()
+        skew = (t - (b0 + b1) * 500) - (s - (a0 + a1) * 500)
+        unc = ((a1 - a0) + (b1 - b0)) * 500
+        if best is None or unc < best[1]:
+            best = (skew, unc)
+    assert best is not None
+    return best
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        from ..sandbox import find_bindir
+
+        path = find_bindir() / name
+        if path.exists():
+            return str(path)
+    except PgidgenError:
+        pass
+    raise MoveError(f"{name} was not found", hint="install PostgreSQL's client programs or put them on PATH")
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "no message"
+
+
+__all__ = ["MoveOptions", "MoveReport", "CopyProgress", "move_shard", "resume_move", "rollback_move"]

@@ -1,0 +1,152 @@
+"""The move journal (pgidgen.moves, pgidgen.move_log on the source database): every step is written here, in
+its own committed transaction, before it runs, so a move killed anywhere can be resumed or rolled back.
+
+It lives on the source because the source is the authority on the shard until the flip, and a second mover
+of the same shard must meet the first one there (the advisory lock and the one-open-move index).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from ..idgen import LOCK_CLASS
+
+#: The steps of an online move, in order. Offline moves skip the replication steps.
+ONLINE_STEPS = ("prepare", "schema", "publication", "slot", "subscription", "copy", "catchup", "cutover", "activate", "teardown", "verify")
+OFFLINE_STEPS = ("prepare", "schema", "cutover", "activate", "verify")
+#: Before this step completes the source holds the authoritative copy and a rollback loses nothing.
+POINT_OF_NO_RETURN = "activate"
+
+
+def move_lock_key(shard: int) -> int:
+    """Advisory-lock object of "shard N is being moved": negative, so it never meets init (0) or a generator (N)."""
+    return -1 - shard
+
+
+@dataclass
+class MoveRecord:
+    move_id: int
+    shard: int
+    source: str
+    target: str
+    mode: str
+    token: str
+    step: str
+    status: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def steps(self) -> tuple[str, ...]:
+        return ONLINE_STEPS if self.mode == "online" else OFFLINE_STEPS
+
+
+_COLUMNS = "move_id, shard, source, target, mode, token, step, status, detail"
+
+
+def _record(row: Any) -> MoveRecord:
+    return MoveRecord(*row[:8], detail=dict(row[8] or {}))
+
+
+class Journal:
+    """Writes go through an autocommit connection of their own: a journal entry is durable before the step runs."""
+
+    def __init__(self, conn: psycopg.Connection[Any], record: MoveRecord) -> None:
+        self.conn = conn
+        self.record = record
+
+    @classmethod
+    def open_new(
+        cls, conn: psycopg.Connection[Any], *, shard: int, source: str, target: str, mode: str, token: str, detail: dict[str, Any]
+    ) -> Journal:
+        row = conn.execute(
+            f"INSERT INTO pgidgen.moves (shard, source, target, mode, token, step, status, detail)"
+            f" VALUES (%s, %s, %s, %s, %s, 'prepare', 'running', %s) RETURNING {_COLUMNS}",
+            (shard, source, target, mode, token, json.dumps(detail)),
+        ).fetchone()
+        j = cls(conn, _record(row))
+        j.log("prepare", "begin", detail)
+        return j
+
+    def start(self, step: str, **detail: Any) -> None:
+        """Record that step is about to run (and any values it will need on resume)."""
+        self.record.step = step
+        self.record.status = "running"
+        self.record.detail.update(detail)
+        self.conn.execute(
+            "UPDATE pgidgen.moves SET step = %s, status = 'running', detail = detail || %s::jsonb, updated_at = now() WHERE move_id = %s",
+            (step, json.dumps(detail), self.record.move_id),
+        )
+        self.log(step, "start", detail)
+
+    def note(self, step: str, **detail: Any) -> None:
+        self.record.detail.update(detail)
+        self.conn.execute(
+            "UPDATE pgidgen.moves SET detail = detail || %s::jsonb, updated_at = now() WHERE move_id = %s",
+            (json.dumps(detail), self.record.move_id),
+        )
+        self.log(step, "note", detail)
+
+    def fail(self, step: str, error: str) -> None:
+        self.record.status = "failed"
+        self.conn.execute(
+            "UPDATE pgidgen.moves SET status = 'failed', updated_at = now() WHERE move_id = %s AND status = 'running'",
+            (self.record.move_id,),
+        )
+        self.log(step, "error", {"error": error})
+
+    def finish(self, status: str) -> None:
+        self.record.status = status
+        self.record.step = "done" if status == "done" else self.record.step
+        self.conn.execute(
+            "UPDATE pgidgen.moves SET status = %s, step = %s, finished_at = now(), updated_at = now() WHERE move_id = %s",
+            (status, self.record.step, self.record.move_id),
+        )
+        self.log(self.record.step, status, {})
+
+    def log(self, step: str, event: str, detail: dict[str, Any]) -> None:
+        self.conn.execute(
+            "INSERT INTO pgidgen.move_log (move_id, step, event, detail) VALUES (%s, %s, %s, %s)",
+            (self.record.move_id, step, event, json.dumps(detail, default=str)),
+        )
+
+
+def open_move(conn: psycopg.Connection[Any], shard: int) -> MoveRecord | None:
+    """The unfinished move of shard (running or failed) recorded in this database's journal, if any."""
+    if not has_journal(conn):
+        return None
+    row = conn.execute(
+        f"SELECT {_COLUMNS} FROM pgidgen.moves WHERE shard = %s AND status IN ('running', 'failed') ORDER BY move_id DESC LIMIT 1",
+        (shard,),
+    ).fetchone()
+    return _record(row) if row else None
+
+
+def last_move(conn: psycopg.Connection[Any], shard: int, *, status: str = "done") -> MoveRecord | None:
+    if not has_journal(conn):
+        return None
+    row = conn.execute(
+        f"SELECT {_COLUMNS} FROM pgidgen.moves WHERE shard = %s AND status = %s ORDER BY move_id DESC LIMIT 1",
+        (shard, status),
+    ).fetchone()
+    return _record(row) if row else None
+
+
+def has_journal(conn: psycopg.Connection[Any]) -> bool:
+    return conn.execute("SELECT to_regclass('pgidgen.moves') IS NOT NULL").fetchone()[0]  # type: ignore[index]
+
+
+def try_lock(conn: psycopg.Connection[Any], shard: int) -> bool:
+    """Session-level: held for as long as this mover's connection lives, released by the server if it dies."""
+    return bool(conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, move_lock_key(shard))).fetchone()[0])  # type: ignore[index]
+
+
+def lock_holder(conn: psycopg.Connection[Any], shard: int) -> int | None:
+    row = conn.execute(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s::bigint::oid AND objid = %s::bigint::oid"
+        " AND objsubid = 2 AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        (LOCK_CLASS, move_lock_key(shard) & 0xFFFFFFFF),
+    ).fetchone()
+    return int(row[0]) if row else None

@@ -1,0 +1,86 @@
+"""The rendering twin of a move (`--dry-run`): every step, the database it runs on, its SQL and the locks it
+takes, after the same read-only checks a real move makes. Nothing is written anywhere."""
+from __future__ import annotations
+
+from ..config import Config
+from ..db import connect
+from . import sqltext as q
+from .context import check_servers, check_tables, locate, read_tables
+from .engine import MoveOptions
+from .sqltext import PlannedStep
+
+
+def plan_move(config: Config, shard: int, target: str, *, options: MoveOptions | None = None) -> list[PlannedStep]:
+    opts = options or MoveOptions()
+    ctx = locate(config, shard, target)
+    src = connect(ctx.source, config.dsn(ctx.source), autocommit=True)
+    try:
+        ctx.tables, ctx.sequences = read_tables(src, ctx.schema)
+        check_tables(ctx, online=not opts.offline)
+        if not opts.offline:
+            tgt = connect(target, config.dsn(target), autocommit=True)
+            try:
+                check_servers(ctx, src, tgt)
+            finally:
+                tgt.close()
+    finally:
+        src.close()
+    return render_plan(config, ctx.shard, ctx.source, target, [t.name for t in ctx.tables], options=opts,
+                       target_has_catalog=ctx.target_state.has_catalog)
+
+
+def render_plan(
+    config: Config,
+    shard: int,
+    source: str,
+    target: str,
+    tables: list[str],
+    *,
+    options: MoveOptions,
+    target_has_catalog: bool = True,
+) -> list[PlannedStep]:
+    schema = f"shard_{shard}"
+    names = q.Names(f"{shard}_<token>")
+    refs = [q.TableRef(schema, t) for t in tables]
+    retired = f"{schema}_moved_<yyyymmddhhmmss>"
+    ms = int(options.max_pause * 1000)
+    steps: list[PlannedStep] = [
+        PlannedStep("prepare", target, "install or upgrade the pgidgen catalog" + ("" if target_has_catalog else " (the target has none yet)")),
+        PlannedStep("prepare", source, "journal the move (pgidgen.moves) and mark the shard moving; it is still served here",
+                    q.source_moving_sql(shard), ["session advisory lock (pgidgen, -1 - shard): one mover per shard"]),
+        PlannedStep("schema", target, f"create {schema} from pg_dump --schema-only --schema={schema} of {source}"
+                    " (tables, indexes, constraints, functions, grants, the generator's sequences), in one transaction",
+                    q.target_row_sql(shard, schema)),
+    ]
+    if not options.offline:
+        steps += [
+            PlannedStep("publication", source, "publish the shard's tables and this move's heartbeat row", q.publication_sql(names, refs)),
+            PlannedStep("slot", source, "a logical replication slot: WAL from here on is kept for the target", q.slot_sql(names)),
+            PlannedStep("subscription", target, "subscribe; the initial copy starts in the background",
+                        q.subscription_sql(names, config.dsn(source), show=True)),
+            PlannedStep("copy", target, "wait until every table is copied (progress: rows, bytes, lag)"),
+            PlannedStep("catchup", source, "heartbeats until one arrives within half of --max-pause; measure the clock skew",
+                        q.heartbeat_sql(names.token, 0)),
+        ]
+    freeze = q.freeze_sql(refs, ms)
+    cut = ("copy the rows: pg_dump --data-only | psql --single-transaction into the target, then verify" if options.offline
+           else "write a heartbeat and wait (within --max-pause) until the target has applied it")
+    steps += [
+        PlannedStep("cutover", source, f"freeze the shard's writes; {cut}; retire the source copy; one transaction",
+                    freeze + "-- " + cut + "\n" + q.retire_sql(shard, schema, retired, refs, target),
+                    [f"EXCLUSIVE on {len(refs)} tables of {schema} for at most {ms} ms plus the flip (reads go on, writes wait)"]),
+        PlannedStep("activate", target, "carry sequences and the generator (last ID from the source, clock skew), go active",
+                    q.activate_sql(shard, schema, last_id=":last_id", ahead_ms=":skew_ms",
+                                   subscription=None if options.offline else names.subscription),
+                    ["advisory lock (pgidgen, shard) inside advance_generator"]),
+    ]
+    if not options.offline:
+        steps += [
+            PlannedStep("teardown", target, "drop the subscription", q.drop_subscription_sql(names.subscription)),
+            PlannedStep("teardown", source, "drop the slots and the publication", q.drop_slots_sql(names, None) + q.drop_publication_sql(names)),
+        ]
+    steps.append(PlannedStep("verify", f"{source}+{target}", "row count and checksum per table, source copy vs the target's snapshot at the cutover",
+                             "\n".join(q.checksum_sql(schema, t) + ";" for t in tables) + ("\n" if tables else "")))
+    if options.drop_source:
+        steps.append(PlannedStep("cleanup", source, "drop the retired source copy", f"DROP SCHEMA {q.ident(retired)} CASCADE;\n"))
+    return steps

@@ -1,0 +1,215 @@
+"""Where a move's SQL is rendered: every statement the mover runs comes from here, as literal text.
+
+The executor (engine.py) runs exactly these strings and `--dry-run` prints them, so what a DBA reads is what
+runs. Values known only at run time (the source's last ID, the measured clock skew) are parameters of the
+render functions; the dry run renders them as named placeholders.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from psycopg import sql
+
+from ..db import scrub
+
+
+def ident(*parts: str) -> str:
+    return sql.Identifier(*parts).as_string(None)
+
+
+def literal(value: object) -> str:
+    return sql.Literal(value).as_string(None)
+
+
+@dataclass(frozen=True)
+class TableRef:
+    schema: str
+    name: str
+
+    def q(self, schema: str | None = None) -> str:
+        return ident(schema or self.schema, self.name)
+
+
+@dataclass
+class Names:
+    """The replication objects of one move, all derived from its token so resume/rollback can find them."""
+
+    token: str
+
+    @property
+    def publication(self) -> str:
+        return f"pgidgen_move_{self.token}"
+
+    @property
+    def slot(self) -> str:
+        return f"pgidgen_move_{self.token}"
+
+    @property
+    def subscription(self) -> str:
+        return f"pgidgen_move_{self.token}"
+
+
+# -- target preparation --------------------------------------------------------------------------------
+
+
+def target_row_sql(shard: int, schema: str) -> str:
+    """The target's catalog row while it fills: 'incoming' is served by nobody (see the shard-map contract)."""
+    return (
+        f"INSERT INTO pgidgen.shards (shard, schema_name, state) VALUES ({shard}, {literal(schema)}, 'incoming');\n"
+        f"SELECT pg_catalog.setval({literal(ident(schema) + '.pgidgen_offset')}, 0, true);\n"
+    )
+
+
+def source_moving_sql(shard: int) -> str:
+    return f"UPDATE pgidgen.shards SET state = 'moving', updated_at = now() WHERE shard = {shard} AND state = 'active';\n"
+
+
+# -- replication ---------------------------------------------------------------------------------------
+
+
+def publication_sql(names: Names, tables: Sequence[TableRef]) -> str:
+    members = [t.q() for t in tables]
+    members.append(f"pgidgen.move_heartbeat WHERE (token = {literal(names.token)})")
+    return f"CREATE PUBLICATION {ident(names.publication)} FOR TABLE {', '.join(members)};\n"
+
+
+def slot_sql(names: Names) -> str:
+    return f"SELECT pg_catalog.pg_create_logical_replication_slot({literal(names.slot)}, 'pgoutput');\n"
+
+
+def subscription_sql(names: Names, source_conninfo: str, *, show: bool = False) -> str:
+    conninfo = scrub(source_conninfo) if show else source_conninfo
+    return (
+        f"CREATE SUBSCRIPTION {ident(names.subscription)} CONNECTION {literal(conninfo)}\n"
+        f"    PUBLICATION {ident(names.publication)}\n"
+        f"    WITH (create_slot = false, slot_name = {literal(names.slot)}, copy_data = true, enabled = true);\n"
+    )
+
+
+def heartbeat_sql(token: str, beat: int) -> str:
+    return (
+        f"INSERT INTO pgidgen.move_heartbeat (token, beat) VALUES ({literal(token)}, {beat})\n"
+        "    ON CONFLICT (token) DO UPDATE SET beat = excluded.beat, at = clock_timestamp();\n"
+    )
+
+
+# -- cutover -------------------------------------------------------------------------------------------
+
+
+def freeze_sql(tables: Sequence[TableRef], lock_timeout_ms: int) -> str:
+    """Stop writes to the shard on the source: EXCLUSIVE blocks INSERT/UPDATE/DELETE/SELECT FOR UPDATE and
+    TRUNCATE, and lets plain reads go on."""
+    text = f"SET LOCAL lock_timeout = '{max(1, int(lock_timeout_ms))}ms';\n"
+    if tables:
+        text += f"LOCK TABLE {', '.join('ONLY ' + t.q() for t in tables)} IN EXCLUSIVE MODE;\n"
+    return text
+
+
+def retire_sql(shard: int, schema: str, retired: str, tables: Sequence[TableRef], target: str) -> str:
+    """Rename the source copy (late writers by name get 'does not exist'), guard its tables with an always-on
+    trigger (writers with cached plans or the new name get a loud error), retire its catalog row."""
+    lines = [f"ALTER SCHEMA {ident(schema)} RENAME TO {ident(retired)};"]
+    for t in tables:
+        q = ident(retired, t.name)
+        lines.append(
+            f"CREATE TRIGGER pgidgen_retired BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON {q}"
+            f" FOR EACH STATEMENT EXECUTE FUNCTION pgidgen.refuse_write({literal(str(shard))}, {literal(target)});"
+        )
+        lines.append(f"ALTER TABLE {q} ENABLE ALWAYS TRIGGER pgidgen_retired;")
+    lines.append(
+        f"UPDATE pgidgen.shards SET state = 'retired', schema_name = {literal(retired)}, updated_at = now() WHERE shard = {shard};"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def unretire_sql(shard: int, schema: str, retired: str, tables: Sequence[str]) -> str:
+    """The rollback of retire_sql, for a move interrupted between the source flip and the target flip."""
+    lines = [f"DROP TRIGGER IF EXISTS pgidgen_retired ON {ident(retired, t)};" for t in tables]
+    lines.append(f"ALTER SCHEMA {ident(retired)} RENAME TO {ident(schema)};")
+    lines.append(f"UPDATE pgidgen.shards SET state = 'active', schema_name = {literal(schema)}, updated_at = now() WHERE shard = {shard};")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class SeqValue:
+    name: str
+    last_value: int
+    is_called: bool
+
+
+def activate_sql(
+    shard: int,
+    schema: str,
+    *,
+    last_id: int | str,
+    ahead_ms: int | str,
+    sequences: Sequence[SeqValue] = (),
+    subscription: str | None = None,
+) -> str:
+    """On the target, one transaction: carry user sequences, move the generator past everything the source issued
+    (and past the source's clock at the flip, estimated from the target's clock plus the measured skew), go
+    active, stop applying."""
+    lines = [
+        f"SELECT pg_catalog.setval({literal(ident(schema, s.name))}, {s.last_value}, {str(s.is_called).lower()});" for s in sequences
+    ]
+    lines.append(
+        f"SELECT pgidgen.advance_generator({shard}, greatest({last_id}::bigint,"
+        f" pgidgen.max_id(clock_timestamp() + interval '{ahead_ms} milliseconds')));"
+    )
+    lines.append(f"UPDATE pgidgen.shards SET state = 'active', updated_at = now() WHERE shard = {shard} AND state = 'incoming';")
+    if subscription:
+        lines.append(f"ALTER SUBSCRIPTION {ident(subscription)} DISABLE;")
+    return "\n".join(lines) + "\n"
+
+
+# -- teardown ------------------------------------------------------------------------------------------
+
+
+def drop_subscription_sql(subscription: str) -> str:
+    """Detach the slot first so DROP SUBSCRIPTION never needs the source (the mover drops the slot itself)."""
+    q = ident(subscription)
+    return f"ALTER SUBSCRIPTION {q} DISABLE;\nALTER SUBSCRIPTION {q} SET (slot_name = NONE);\nDROP SUBSCRIPTION {q};\n"
+
+
+def drop_slots_sql(names: Names, subscription_oid: int | None) -> str:
+    cond = f"slot_name = {literal(names.slot)}"
+    if subscription_oid:
+        cond += f" OR slot_name LIKE {literal(f'pg_{subscription_oid}_sync_%')}"
+    return f"SELECT pg_catalog.pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots WHERE ({cond}) AND NOT active;\n"
+
+
+def drop_publication_sql(names: Names) -> str:
+    return (
+        f"DROP PUBLICATION IF EXISTS {ident(names.publication)};\n"
+        f"DELETE FROM pgidgen.move_heartbeat WHERE token = {literal(names.token)};\n"
+    )
+
+
+# -- verification --------------------------------------------------------------------------------------
+
+#: Row text depends on these settings; both sides use the same ones so equal rows hash equally.
+VERIFY_SETTINGS = (
+    "SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres'; SET TimeZone = 'UTC';"
+    " SET extra_float_digits = 3; SET bytea_output = 'hex';"
+)
+
+
+def checksum_sql(schema: str, table: str) -> str:
+    """Row count and the sum of 64-bit hashes of each row's text: order-independent, one sequential scan,
+    so it costs the same on a heap in any order and parallelises across the two servers."""
+    return (
+        f"SELECT count(*), coalesce(sum(hashtextextended(ROW(r.*)::text, 0)::numeric), 0)::text"
+        f" FROM ONLY {ident(schema, table)} AS r"
+    )
+
+
+@dataclass
+class PlannedStep:
+    """One step of a move as the dry run shows it."""
+
+    name: str
+    database: str
+    what: str
+    sql: str = ""
+    locks: list[str] = field(default_factory=list)
