@@ -109,6 +109,13 @@ def locate(config: Config, shard: int, target: str) -> ShardContext:
     config.dsn(target)  # unknown database: ConfigError naming the configured ones
     states, down = read_states(config, need=(target,))
     layout, count = check_shard_number(shard, states)
+    for name, st in states.items():  # an unfinished move of this shard, wherever its journal is
+        if st.has_catalog and shard in st.shards:
+            conn = connect(name, config.dsn(name), autocommit=True)
+            try:
+                check_no_other_move(conn, name, shard)
+            finally:
+                conn.close()
     source = find_holder(shard, states, down)
     if source == target:
         raise ConflictError(f"shard {shard} is already in database {target}", hint="name another database to move it to")

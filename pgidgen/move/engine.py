@@ -36,7 +36,7 @@ from .context import (
     read_states,
     read_tables,
 )
-from .journal import POINT_OF_NO_RETURN, Journal, MoveRecord, lock_holder, open_move, try_lock
+from .journal import POINT_OF_NO_RETURN, Journal, MoveRecord, lock_holder, open_move, release, try_lock
 from .verify import Verification, compare
 
 Hook = Callable[[str], None]
@@ -154,7 +154,7 @@ def move_shard(
         )
         return Mover(config, ctx, journal, opts, progress, hook).run()
     finally:
-        admin.close()
+        release(admin, shard)
 
 
 def find_open_move(config: Config, shard: int) -> tuple[str, MoveRecord]:
@@ -197,7 +197,7 @@ def _reopen(config: Config, shard: int) -> tuple[ShardContext, psycopg.Connectio
         ctx.tables, ctx.sequences = read_tables(admin, ctx.source_schema)
         return ctx, admin, Journal(admin, rec)
     except BaseException:
-        admin.close()
+        release(admin, shard)
         raise
 
 
@@ -217,7 +217,7 @@ def resume_move(
         journal.log(journal.record.step, "resume", {})
         return Mover(config, ctx, journal, opts, progress, hook).run(resumed=True)
     finally:
-        admin.close()
+        release(admin, shard)
 
 
 def rollback_move(config: Config, shard: int) -> MoveReport:
@@ -226,7 +226,7 @@ def rollback_move(config: Config, shard: int) -> MoveReport:
     try:
         return Mover(config, ctx, journal, MoveOptions(), None, None).rollback()
     finally:
-        admin.close()
+        release(admin, shard)
 
 
 def ensure_catalog(conn: psycopg.Connection[Any], name: str, config: Config, *, layout: Any = None, shard_count: int = 0) -> None:
@@ -372,6 +372,8 @@ class Mover:
         return f"fix the cause, then 'pgidgen move-shard --resume {self.ctx.shard}' or undo with '--rollback {self.ctx.shard}'"
 
     def _target_row(self) -> tuple[str, str] | None:
+        if not self.tgt.execute("SELECT to_regclass('pgidgen.shards') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+            return None
         row = self.tgt.execute("SELECT state, schema_name FROM pgidgen.shards WHERE shard = %s", (self.ctx.shard,)).fetchone()
         return (row[0], row[1]) if row else None
 
@@ -724,7 +726,8 @@ def teardown(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], names: 
             tgt.execute(stmt)
     drop_slots(src, names, sub_oid)
     execute_script(src, q.drop_publication_sql(names))
-    tgt.execute("DELETE FROM pgidgen.move_heartbeat WHERE token = %s", (names.token,))
+    if tgt.execute("SELECT to_regclass('pgidgen.move_heartbeat') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+        tgt.execute("DELETE FROM pgidgen.move_heartbeat WHERE token = %s", (names.token,))
 
 
 def drop_slots(src: psycopg.Connection[Any], names: q.Names, sub_oid: int | None, *, wait: float = 15.0) -> None:

@@ -7,6 +7,7 @@ of the same shard must meet the first one there (the advisory lock and the one-o
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,15 +139,33 @@ def has_journal(conn: psycopg.Connection[Any]) -> bool:
     return conn.execute("SELECT to_regclass('pgidgen.moves') IS NOT NULL").fetchone()[0]  # type: ignore[index]
 
 
-def try_lock(conn: psycopg.Connection[Any], shard: int) -> bool:
-    """Session-level: held for as long as this mover's connection lives, released by the server if it dies."""
-    return bool(conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, move_lock_key(shard))).fetchone()[0])  # type: ignore[index]
+def try_lock(conn: psycopg.Connection[Any], shard: int, *, patience: float = 2.0) -> bool:
+    """Session-level: held for as long as this mover's connection lives, released by the server if it dies.
+    A mover killed a moment ago may still hold it until its backend notices: wait a little before giving up."""
+    deadline = time.monotonic() + patience
+    while True:
+        if conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, move_lock_key(shard))).fetchone()[0]:  # type: ignore[index]
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
+def release(conn: psycopg.Connection[Any], shard: int) -> None:
+    """Unlock and close: the next mover must not see a lock that only lingers while the backend exits."""
+    try:
+        if not conn.closed and not conn.broken:
+            conn.execute("SELECT pg_advisory_unlock_all()")
+    except psycopg.Error:
+        pass
+    finally:
+        conn.close()
 
 
 def lock_holder(conn: psycopg.Connection[Any], shard: int) -> int | None:
     row = conn.execute(
         "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s::bigint::oid AND objid = %s::bigint::oid"
-        " AND objsubid = 2 AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        " AND objsubid = 2 AND granted AND pid <> pg_backend_pid() AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         (LOCK_CLASS, move_lock_key(shard) & 0xFFFFFFFF),
     ).fetchone()
     return int(row[0]) if row else None

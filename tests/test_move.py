@@ -1,0 +1,342 @@
+"""move-shard against real servers: online under a writer, crashes at every step, rollback, refusals."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from movekit import Writer, leftovers
+
+from pgidgen.cli import main
+from pgidgen.config import Config
+from pgidgen.init import init
+from pgidgen.move import MoveError, MoveOptions, cleanup, move_shard, resume_move, rollback_move, verify_move
+from pgidgen.move.journal import ONLINE_STEPS, POINT_OF_NO_RETURN
+from pgidgen.shardmap import read_map
+
+SHARDS = 8  # db1: 0-3, db2: 4-7, db3: none
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quick_subscription_start(pg_servers: list[Any]) -> None:
+    """PostgreSQL 15's launcher starts at most one subscription worker per wal_retrieve_retry_interval (5 s):
+    tests that create subscriptions back to back would mostly wait for it."""
+    for s in pg_servers:
+        try:
+            with psycopg.connect(s.dsn, autocommit=True) as c:
+                c.execute("ALTER SYSTEM SET wal_retrieve_retry_interval = '100ms'")
+                c.execute("SELECT pg_reload_conf()")
+        except psycopg.Error:
+            pass
+
+
+def setup_shards(config: Config, *, rows: int = 200, databases: tuple[str, ...] = ("db1", "db2")) -> None:
+    outcomes = init(config, SHARDS, list(databases))
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    with psycopg.connect(config.dsn(databases[0]), autocommit=True) as c:
+        for shard in range(0, SHARDS // len(databases)):
+            c.execute(f"CREATE TABLE shard_{shard}.t (id bigint PRIMARY KEY DEFAULT shard_{shard}.next_id(), v int, note text)")
+            c.execute(f"CREATE TABLE shard_{shard}.tags (tag text PRIMARY KEY, n serial)")
+            c.execute(f"INSERT INTO shard_{shard}.t (v, note) SELECT g, md5(g::text) FROM generate_series(1, {rows}) g")
+            c.execute(f"INSERT INTO shard_{shard}.tags (tag) SELECT 'tag' || g FROM generate_series(1, 10) g")
+
+
+def rows_of(dsn: str, schema: str, table: str = "t") -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return c.execute(f"SELECT * FROM {schema}.{table} ORDER BY 1").fetchall()
+
+
+def state_of(dsn: str, shard: int) -> tuple[str, str] | None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        if c.execute("SELECT to_regclass('pgidgen.shards')").fetchone()[0] is None:
+            return None
+        row = c.execute("SELECT state, schema_name FROM pgidgen.shards WHERE shard = %s", (shard,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+
+def open_moves(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return int(c.execute("SELECT count(*) FROM pgidgen.moves WHERE status IN ('running', 'failed')").fetchone()[0])
+
+
+# -- the main path ----------------------------------------------------------------------------------------
+
+
+def test_move_under_continuous_writer(config: Config) -> None:
+    setup_shards(config)
+    before = rows_of(config.dsn("db1"), "shard_1")
+    writer = Writer(config.databases, 1)
+    writer.start()
+    time.sleep(0.3)
+    n_before = len(writer.ids)
+    report = move_shard(config, 1, "db3")
+    n_at = len(writer.ids)
+    time.sleep(0.3)
+    writer.stop()
+    assert n_before > 0 and len(writer.ids) > n_at, "the writer kept writing before and after the move"
+    assert report.status == "done" and report.pause_ms is not None
+    assert report.verification is not None and report.verification.ok
+    assert {t.table for t in report.verification.tables} == {"t", "tags"}
+    # no row lost, none duplicated, every acknowledged ID is on the target, IDs only ever grew
+    ids = writer.ids
+    assert len(set(ids)) == len(ids)
+    assert ids == sorted(ids), "IDs written after the move are greater than those before"
+    target = rows_of(config.dsn("db3"), "shard_1")
+    target_ids = [r[0] for r in target]
+    assert len(target_ids) == len(before) + len(ids)
+    assert set(target_ids) == {r[0] for r in before} | set(ids)
+    assert rows_of(config.dsn("db3"), "shard_1", "tags") == rows_of(config.dsn("db1"), report.retired_schema, "tags")
+    # the map flipped; the source copy is renamed and read-only; late writes fail loudly
+    assert state_of(config.dsn("db3"), 1) == ("active", "shard_1")
+    assert state_of(config.dsn("db1"), 1) == ("retired", report.retired_schema)
+    m = read_map(config)
+    assert m.ok and 1 in m.databases["db3"] and 1 not in m.databases["db1"]
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            c.execute("INSERT INTO shard_1.t (v) VALUES (1)")
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction, match="moved to database db3"):
+            c.execute(f"INSERT INTO {report.retired_schema}.t (v) VALUES (1)")
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            c.execute(f"TRUNCATE {report.retired_schema}.tags")
+    # the serial sequence came along: new tags continue after the copied ones
+    with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+        assert c.execute("INSERT INTO shard_1.tags (tag) VALUES ('new') RETURNING n").fetchone()[0] == 11
+    assert leftovers(config.databases) == []
+    assert open_moves(config.dsn("db1")) == 0
+    # --verify re-runs the comparison: equal until the target takes a write
+    assert verify_move(config, 1).ok is False  # the writer and the tag insert wrote to the target since
+    # cleanup drops the retired copy and its catalog row
+    dropped = cleanup(config, 1)
+    assert dropped.dropped == [f"db1.{report.retired_schema}"]
+    assert state_of(config.dsn("db1"), 1) is None
+    assert read_map(config).ok
+
+
+def test_move_back_and_verify_cli(config: Config, config_file: Path) -> None:
+    setup_shards(config, rows=50)
+    runner = CliRunner()
+    res = runner.invoke(main, ["--config", str(config_file), "move-shard", "2", "db2", "--json"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(main, ["--config", str(config_file), "move-shard", "2", "--verify"])
+    assert res.exit_code == 0, res.output
+    assert "t: 50 rows, checksums match" in res.output
+    res = runner.invoke(main, ["--config", str(config_file), "move-shard", "2", "db1"])
+    assert res.exit_code == 1
+    assert res.output.strip() == (
+        "Error: database db1 still keeps the retired copy of shard 2 from an earlier move: "
+        "drop it first with 'pgidgen move-shard --cleanup 2'"
+    )
+    res = runner.invoke(main, ["--config", str(config_file), "move-shard", "2", "--cleanup"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(main, ["--config", str(config_file), "move-shard", "2", "db1"])
+    assert res.exit_code == 0, res.output
+    assert "moved shard 2 from db2 to db1 (online)" in res.output
+    assert len(rows_of(config.dsn("db1"), "shard_2")) == 50
+    assert leftovers(config.databases) == []
+
+
+def test_offline_move(config: Config) -> None:
+    setup_shards(config, rows=100)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("CREATE UNLOGGED TABLE shard_3.scratch (k int, v text)")  # no key, unlogged: only --offline moves it
+        c.execute("INSERT INTO shard_3.scratch SELECT g, 'x' FROM generate_series(1, 30) g")
+        last = c.execute("SELECT pgidgen.last_id(3)").fetchone()[0]
+    with pytest.raises(MoveError, match="unlogged"):
+        move_shard(config, 3, "db2")
+    report = move_shard(config, 3, "db2", options=MoveOptions(offline=True))
+    assert report.status == "done" and report.mode == "offline"
+    assert report.verification is not None and report.verification.ok and report.verification.rows == 140
+    with psycopg.connect(config.dsn("db2"), autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM shard_3.scratch").fetchone()[0] == 30
+        assert c.execute("INSERT INTO shard_3.t (v) VALUES (1) RETURNING id").fetchone()[0] > last
+    assert leftovers(config.databases) == []
+
+
+# -- refusals ----------------------------------------------------------------------------------------------
+
+
+def test_refusals_cli(config: Config, config_file: Path) -> None:
+    setup_shards(config, rows=5)
+    runner = CliRunner()
+
+    def run(*args: str) -> str:
+        res = runner.invoke(main, ["--config", str(config_file), "move-shard", *args])
+        assert res.exit_code == 1, res.output
+        return res.output.strip()
+
+    assert run("1", "db1") == "Error: shard 1 is already in database db1: name another database to move it to"
+    assert run("4", "db2") == "Error: shard 4 is already in database db2: name another database to move it to"
+    assert run("99", "db2") == "Error: shard 99 does not exist: shard numbers run from 0 to 7"
+    assert run("1", "nosuch") == f"Error: unknown database 'nosuch' ({config_file}): configured databases are: db1, db2, db3"
+    assert run("1") == "Error: TARGET_DB is missing: pgidgen move-shard 1 DB (databases: db1, db2, db3)"
+    assert run("1", "--resume") == "Error: no interrupted move of shard 1 was found: nothing to resume or roll back; see 'pgidgen map'"
+    assert run("1", "db2", "--max-pause", "soon") == "Error: 'soon' is not a duration: write it like 1s, 500ms or 2.5"
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("CREATE TABLE shard_0.nokey (v int)")
+    assert run("0", "db2") == (
+        "Error: table shard_0.nokey has no primary key or replica identity (db1): add a primary key, or ALTER TABLE ... "
+        "REPLICA IDENTITY FULL (or move with --offline): without one, updates and deletes on the source would fail while it is published"
+    )
+    with psycopg.connect(config.dsn("db2"), autocommit=True) as c:
+        c.execute("CREATE SCHEMA shard_1")
+    assert run("1", "db2") == (
+        "Error: database db2 already has a schema shard_1 that pgidgen did not create: rename or drop it; pgidgen never overwrites a schema it does not own"
+    )
+    # nothing was written anywhere by the refused moves
+    assert leftovers(config.databases) == []
+    assert state_of(config.dsn("db1"), 1) == ("active", "shard_1")
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM pgidgen.moves").fetchone()[0] == 0
+
+
+def test_replica_identity_full_table_moves(config: Config) -> None:
+    setup_shards(config, rows=5)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("CREATE TABLE shard_0.nokey (v int)")
+        c.execute("ALTER TABLE shard_0.nokey REPLICA IDENTITY FULL")
+        c.execute("INSERT INTO shard_0.nokey SELECT g FROM generate_series(1, 7) g")
+    report = move_shard(config, 0, "db3")
+    assert report.verification is not None and report.verification.ok
+    assert len(rows_of(config.dsn("db3"), "shard_0", "nokey")) == 7
+
+
+def test_dry_run_changes_nothing(config: Config, config_file: Path) -> None:
+    setup_shards(config, rows=5)
+    res = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "1", "db3", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    for needle in ("[schema] on db3", "CREATE PUBLICATION \"pgidgen_move_1_<token>\" FOR TABLE \"shard_1\".\"t\", \"shard_1\".\"tags\"",
+                   "LOCK TABLE ONLY \"shard_1\".\"t\", ONLY \"shard_1\".\"tags\" IN EXCLUSIVE MODE",
+                   "lock: EXCLUSIVE on 2 tables", "ALTER SCHEMA \"shard_1\" RENAME TO", "pgidgen.advance_generator(1,",
+                   "DROP SUBSCRIPTION", "hashtextextended"):
+        assert needle in out, needle
+    assert leftovers(config.databases) == []
+    assert state_of(config.dsn("db1"), 1) == ("active", "shard_1")
+    with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+        assert c.execute("SELECT to_regnamespace('pgidgen')").fetchone()[0] is None
+
+
+# -- crashes: an injected failure at every step, then resume or rollback ------------------------------------
+
+POINTS = [*ONLINE_STEPS, "cutover:frozen"]
+
+
+class Crash(Exception):
+    pass
+
+
+def crash_at(point: str):  # type: ignore[no-untyped-def]
+    def hook(where: str) -> None:
+        if where == point:
+            raise Crash(point)
+
+    return hook
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_crash_then_rollback_then_crash_then_resume(config: Config, point: str) -> None:
+    setup_shards(config, rows=100)
+    source_rows = rows_of(config.dsn("db1"), "shard_1")
+    with pytest.raises(Crash):
+        move_shard(config, 1, "db3", hook=crash_at(point))
+    assert open_moves(config.dsn("db1")) == 1
+    # a fresh move of the same shard is refused while the interrupted one is open
+    with pytest.raises(MoveError, match="an interrupted move of shard 1 to db3 exists"):
+        move_shard(config, 1, "db2")
+    past_flip = POINTS.index(point) > POINTS.index(POINT_OF_NO_RETURN) and point != "cutover:frozen"
+    if not past_flip:
+        report = rollback_move(config, 1)
+        assert report.status == "rolled_back"
+        assert state_of(config.dsn("db1"), 1) == ("active", "shard_1")
+        assert state_of(config.dsn("db3"), 1) is None
+        assert rows_of(config.dsn("db1"), "shard_1") == source_rows
+        assert leftovers(config.databases) == []
+        with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+            assert c.execute("SELECT to_regnamespace('shard_1')").fetchone()[0] is None
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+            c.execute("INSERT INTO shard_1.t (v) VALUES (-1)")  # the source serves writes again
+        source_rows = rows_of(config.dsn("db1"), "shard_1")
+        with pytest.raises(Crash):
+            move_shard(config, 1, "db3", hook=crash_at(point))
+    else:
+        with pytest.raises(MoveError, match="past its flip"):
+            rollback_move(config, 1)
+    report = resume_move(config, 1)
+    assert report.status == "done"
+    assert report.verification is not None
+    assert rows_of(config.dsn("db3"), "shard_1") == source_rows
+    assert state_of(config.dsn("db3"), 1) == ("active", "shard_1")
+    assert state_of(config.dsn("db1"), 1)[0] == "retired"  # type: ignore[index]
+    assert leftovers(config.databases) == []
+    assert open_moves(config.dsn("db1")) == 0
+    with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+        assert c.execute("INSERT INTO shard_1.t (v) VALUES (0) RETURNING id").fetchone()[0] > source_rows[-1][0]
+
+
+# -- a real kill -9 of the CLI, and a second mover meanwhile -------------------------------------------------
+
+
+def _cli(config_file: Path, *args: str, stop_at: str | None = None) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    if stop_at:
+        env["PGIDGEN_MOVE_STOP_AT"] = stop_at
+    return subprocess.Popen([str(Path(sys.executable).parent / "pgidgen"), "--config", str(config_file), "move-shard", *args],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_stopped(proc: subprocess.Popen[str]) -> None:
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert line.startswith("pgidgen: stopped at"), line + (proc.stderr.read() if proc.poll() is not None else "")
+
+
+def test_kill9_while_frozen_then_resume(config: Config, config_file: Path) -> None:
+    setup_shards(config, rows=100)
+    proc = _cli(config_file, "1", "db3", stop_at="cutover:frozen")
+    try:
+        _wait_stopped(proc)
+        # while the first mover holds the shard, a second one is refused, and so is a rollback
+        with pytest.raises(MoveError, match=r"shard 1 is being moved to db3 right now by another pgidgen .*wait for it to finish"):
+            move_shard(config, 1, "db2")
+        with pytest.raises(MoveError, match="being moved right now"):
+            rollback_move(config, 1)
+        proc.kill()  # SIGKILL while the shard's tables are locked on the source
+    finally:
+        proc.kill()
+        proc.wait()
+    # the server dropped the dead mover's session: the source takes writes again (the lock is gone)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("SET lock_timeout = '5s'")
+        c.execute("INSERT INTO shard_1.t (v) VALUES (-7)")
+    expected = rows_of(config.dsn("db1"), "shard_1")
+    res = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "1", "--resume"])
+    assert res.exit_code == 0, res.output
+    assert "moved shard 1 from db1 to db3" in res.output
+    assert rows_of(config.dsn("db3"), "shard_1") == expected
+    assert leftovers(config.databases) == []
+
+
+def test_kill9_during_copy_then_rollback(config: Config, config_file: Path) -> None:
+    setup_shards(config, rows=100)
+    proc = _cli(config_file, "2", "db3", stop_at="copy")
+    try:
+        _wait_stopped(proc)
+    finally:
+        proc.kill()
+        proc.wait()
+    res = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "2", "db3"])
+    assert res.exit_code == 1
+    assert "an interrupted move of shard 2 to db3 exists" in res.output
+    res = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "2", "--rollback"])
+    assert res.exit_code == 0, res.output
+    assert "rolled back the move of shard 2 to db3" in res.output
+    assert leftovers(config.databases) == []
+    assert state_of(config.dsn("db1"), 2) == ("active", "shard_2")
+    assert state_of(config.dsn("db3"), 2) is None
+    assert len(rows_of(config.dsn("db1"), "shard_2")) == 100
