@@ -340,3 +340,37 @@ def test_kill9_during_copy_then_rollback(config: Config, config_file: Path) -> N
     assert state_of(config.dsn("db1"), 2) == ("active", "shard_2")
     assert state_of(config.dsn("db3"), 2) is None
     assert len(rows_of(config.dsn("db1"), "shard_2")) == 100
+
+
+def test_routed_writer_across_a_real_move(config: Config) -> None:
+    """The application side's Router (claim_shard, retry on moves) writing through a real move-shard."""
+    import threading
+
+    from pgidgen.routing import Router
+
+    setup_shards(config, rows=20)
+    router = Router(config, listen=True, retry_for=10.0)
+    ids: list[int] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        n = 0
+        while not stop.is_set():
+            ids.append(router.run(1, lambda c: int(c.execute("INSERT INTO t (v) VALUES (%s) RETURNING id", (n,)).fetchone()[0])))
+            n += 1
+
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    try:
+        time.sleep(0.3)
+        report = move_shard(config, 1, "db3")
+        n_at = len(ids)
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        th.join(20)
+        router.close()
+    assert report.status == "done" and report.verification is not None and report.verification.ok
+    assert len(ids) > n_at > 0 and len(set(ids)) == len(ids) and ids == sorted(ids)
+    assert {r[0] for r in rows_of(config.dsn("db3"), "shard_1")} >= set(ids)
+    assert len(rows_of(config.dsn("db3"), "shard_1")) == 20 + len(ids)

@@ -576,7 +576,7 @@ class Mover:
             t_start = time.perf_counter()
             deadline = t_start + budget
             try:
-                execute_script(src, q.freeze_sql(tables, int(budget * 1000)))
+                execute_script(src, q.freeze_sql(shard, tables, int(budget * 1000)))
             except psycopg.errors.LockNotAvailable:
                 src.rollback()
                 raise CutoverAborted(f"the shard's tables could not be locked within --max-pause {budget * 1000:.0f} ms (long transactions on them?)") from None

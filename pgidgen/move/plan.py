@@ -62,7 +62,7 @@ def render_plan(
             PlannedStep("catchup", source, "heartbeats until one arrives within half of --max-pause; measure the clock skew",
                         q.heartbeat_sql(names.token, 0)),
         ]
-    freeze = q.freeze_sql(refs, ms)
+    freeze = q.freeze_sql(shard, refs, ms)
     cut = ("copy the rows: pg_dump --data-only | psql --single-transaction into the target, then verify" if options.offline
            else "write a heartbeat and wait (within --max-pause) until the target has applied it")
     steps += [

@@ -97,10 +97,13 @@ def heartbeat_sql(token: str, beat: int) -> str:
 # -- cutover -------------------------------------------------------------------------------------------
 
 
-def freeze_sql(tables: Sequence[TableRef], lock_timeout_ms: int) -> str:
-    """Stop writes to the shard on the source: EXCLUSIVE blocks INSERT/UPDATE/DELETE/SELECT FOR UPDATE and
-    TRUNCATE, and lets plain reads go on."""
+def freeze_sql(shard: int, tables: Sequence[TableRef], lock_timeout_ms: int) -> str:
+    """Stop writes to the shard on the source. First the shard's catalog row FOR UPDATE, the lock routed
+    transactions take FOR SHARE in pgidgen.claim_shard() (same order as theirs, so no deadlock): claimed
+    transactions finish, new ones wait. Then EXCLUSIVE on the tables for writers that do not claim: it blocks
+    INSERT/UPDATE/DELETE/SELECT FOR UPDATE and TRUNCATE, and lets plain reads go on."""
     text = f"SET LOCAL lock_timeout = '{max(1, int(lock_timeout_ms))}ms';\n"
+    text += f"SELECT 1 FROM pgidgen.shards WHERE shard = {shard} FOR UPDATE;\n"
     if tables:
         text += f"LOCK TABLE {', '.join('ONLY ' + t.q() for t in tables)} IN EXCLUSIVE MODE;\n"
     return text
