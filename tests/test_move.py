@@ -374,3 +374,35 @@ def test_routed_writer_across_a_real_move(config: Config) -> None:
     assert len(ids) > n_at > 0 and len(set(ids)) == len(ids) and ids == sorted(ids)
     assert {r[0] for r in rows_of(config.dsn("db3"), "shard_1")} >= set(ids)
     assert len(rows_of(config.dsn("db3"), "shard_1")) == 20 + len(ids)
+
+
+DDL = """
+CREATE TABLE photos (id bigint PRIMARY KEY DEFAULT next_id(), user_id bigint NOT NULL, caption text);
+CREATE INDEX ON photos (user_id, id);
+CREATE TABLE likes (id bigint PRIMARY KEY DEFAULT next_id(), photo_id bigint NOT NULL REFERENCES photos (id), user_id bigint NOT NULL);
+"""
+
+
+def test_ddl_ledger_travels_with_the_shard(config: Config, config_file: Path, tmp_path: Path) -> None:
+    assert all(o.ok for o in init(config, SHARDS, ["db1", "db2"]))
+    schema = tmp_path / "schema.sql"
+    schema.write_text(DDL, encoding="utf-8")
+    runner = CliRunner()
+    res = runner.invoke(main, ["--config", str(config_file), "apply-ddl", str(schema)])
+    assert res.exit_code == 0, res.output
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("INSERT INTO shard_1.photos (user_id) SELECT g FROM generate_series(1, 20) g")
+        c.execute("INSERT INTO shard_1.likes (photo_id, user_id) SELECT id, 7 FROM shard_1.photos")
+        ledger = c.execute("SELECT position, sha256, applied_at FROM pgidgen.ddl_ledger WHERE shard = 1").fetchall()
+    assert ledger
+    report = move_shard(config, 1, "db3")
+    assert report.verification is not None and report.verification.ok and report.verification.rows == 40
+    with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+        assert c.execute("SELECT position, sha256, applied_at FROM pgidgen.ddl_ledger WHERE shard = 1").fetchall() == ledger
+    cleanup(config, 1)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM pgidgen.ddl_ledger WHERE shard = 1").fetchone()[0] == 0
+    # the moved shard counts as up to date: applying the same file again changes nothing anywhere
+    res = runner.invoke(main, ["--config", str(config_file), "apply-ddl", str(schema)])
+    assert res.exit_code == 0, res.output
+    assert "db3: up to date" in res.output, res.output

@@ -48,6 +48,8 @@ def cleanup(config: Config, shard: int) -> CleanupReport:
                     continue
                 conn.execute(f"DROP SCHEMA IF EXISTS {q.ident(row[0])} CASCADE")
                 conn.execute("DELETE FROM pgidgen.shards WHERE shard = %s AND state = 'retired'", (shard,))
+                if conn.execute("SELECT to_regclass('pgidgen.ddl_ledger') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+                    conn.execute("DELETE FROM pgidgen.ddl_ledger WHERE shard = %s", (shard,))
             report.dropped.append(f"{name}.{row[0]}")
         finally:
             conn.close()

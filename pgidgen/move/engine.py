@@ -23,7 +23,8 @@ import psycopg
 from ..config import Config
 from ..db import connect, execute_script, pg_message, scrub
 from ..errors import ConflictError, DatabaseError, PgidgenError
-from ..idgen import render_catalog
+from ..ddl.ledger import DDL_LOCK, ledger_copy_sql
+from ..idgen import LOCK_CLASS, render_catalog
 from ..render import static_sql
 from . import sqltext as q
 from .context import (
@@ -380,7 +381,11 @@ class Mover:
     # steps ----------------------------------------------------------------------------------------
     def step_prepare(self) -> None:
         ensure_catalog(self.tgt, self.ctx.target, self.config, layout=self.ctx.layout, shard_count=self.ctx.shard_count)
-        self.admin.execute(q.source_moving_sql(self.ctx.shard))
+        with self.admin.transaction():
+            if not self.admin.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", (LOCK_CLASS, DDL_LOCK)).fetchone()[0]:  # type: ignore[index]
+                raise MoveError(f"pgidgen apply-ddl is changing shards in database {self.ctx.source}",
+                                hint=f"wait for it to finish, then 'pgidgen move-shard --resume {self.ctx.shard}'")
+            self.admin.execute(q.source_moving_sql(self.ctx.shard))
 
     def dump_schema(self) -> str:
         pg_dump = _tool("pg_dump")
@@ -656,7 +661,9 @@ class Mover:
         ahead = math.ceil(-skew + unc) + 1
         self.journal.note("activate", last_id=last_id, ahead_ms=ahead)
         sub = None if self.opts.offline else (self.names.subscription if self._sub_oid() else None)
+        ledger = ledger_copy_sql(self.admin, shard)
         with self.tgt.transaction():
+            execute_script(self.tgt, ledger)
             execute_script(self.tgt, q.activate_sql(shard, self.ctx.schema, last_id=last_id, ahead_ms=ahead, sequences=seqs, subscription=sub))
         started = getattr(self, "pause_started", None)
         if started is not None:

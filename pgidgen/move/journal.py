@@ -22,9 +22,13 @@ OFFLINE_STEPS = ("prepare", "schema", "cutover", "activate", "verify")
 POINT_OF_NO_RETURN = "activate"
 
 
+#: Advisory-lock objects of "shard N is being moved": MOVE_LOCK_BASE - N, far below the small negative objects
+#: other features use (apply-ddl: -4) and disjoint from init (0) and the generators (N >= 0).
+MOVE_LOCK_BASE = -(1 << 24)
+
+
 def move_lock_key(shard: int) -> int:
-    """Advisory-lock object of "shard N is being moved": negative, so it never meets init (0) or a generator (N)."""
-    return -1 - shard
+    return MOVE_LOCK_BASE - shard
 
 
 @dataclass

@@ -47,7 +47,7 @@ def render_plan(
     steps: list[PlannedStep] = [
         PlannedStep("prepare", target, "install or upgrade the pgidgen catalog" + ("" if target_has_catalog else " (the target has none yet)")),
         PlannedStep("prepare", source, "journal the move (pgidgen.moves) and mark the shard moving; it is still served here",
-                    q.source_moving_sql(shard), ["session advisory lock (pgidgen, -1 - shard): one mover per shard"]),
+                    q.source_moving_sql(shard), ["session advisory lock (pgidgen, -16777216 - shard): one mover per shard", "advisory xact lock (pgidgen, -4): not while apply-ddl runs"]),
         PlannedStep("schema", target, f"create {schema} from pg_dump --schema-only --schema={schema} of {source}"
                     " (tables, indexes, constraints, functions, grants, the generator's sequences), in one transaction",
                     q.target_row_sql(shard, schema)),
@@ -69,7 +69,7 @@ def render_plan(
         PlannedStep("cutover", source, f"freeze the shard's writes; {cut}; retire the source copy; one transaction",
                     freeze + "-- " + cut + "\n" + q.retire_sql(shard, schema, retired, refs, target),
                     [f"EXCLUSIVE on {len(refs)} tables of {schema} for at most {ms} ms plus the flip (reads go on, writes wait)"]),
-        PlannedStep("activate", target, "carry sequences and the generator (last ID from the source, clock skew), go active",
+        PlannedStep("activate", target, "carry the DDL-ledger rows, sequences and the generator (last ID from the source, clock skew), go active",
                     q.activate_sql(shard, schema, last_id=":last_id", ahead_ms=":skew_ms",
                                    subscription=None if options.offline else names.subscription),
                     ["advisory lock (pgidgen, shard) inside advance_generator"]),

@@ -1,0 +1,92 @@
+"""move-shard: total time against pg_dump | psql of the same shard, and the write pause a continuous writer sees, at two shard sizes.
+
+Two throwaway servers. For each size: a shard with a table of N rows (bigint ID primary key, an int, a 32-char
+text) on db1. Baseline: `pg_dump --schema=shard_1 db1 | psql` into an empty database on db2's server (the
+offline way to copy a shard, no writes allowed). Then `move_shard(shard 1 -> db2)` online while a writer
+inserts into the shard continuously (routed by the shard map, as an application would be): total time, the
+pause the mover reports (lock to target commit), and the longest gap between two acknowledged writes as the
+writer saw it (that includes noticing the move and re-routing).
+PostgreSQL 15's launcher starts one subscription worker per wal_retrieve_retry_interval (5 s by default); the
+servers here use 200 ms so back-to-back moves in one run do not wait on it.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+from common import row, section, servers, table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from movekit import Writer  # noqa: E402
+
+from pgidgen.config import Config  # noqa: E402
+from pgidgen.init import init  # noqa: E402
+from pgidgen.layout import Layout  # noqa: E402
+from pgidgen.move import move_shard  # noqa: E402
+
+SIZES = (100_000, 1_000_000)
+
+
+def _db(dsn: str, name: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        c.execute(f'CREATE DATABASE "{name}"')
+    return dsn.rsplit("/", 1)[0] + "/" + name
+
+
+def one_size(rows: int, dsn1: str, dsn2: str) -> None:
+    tag = f"s{rows}"
+    src, tgt, base = _db(dsn1, f"src_{tag}"), _db(dsn2, f"tgt_{tag}"), _db(dsn2, f"base_{tag}")
+    config = Config(layout=Layout.make(), databases={"db1": src, "db2": tgt})
+    assert all(o.ok for o in init(config, 4, ["db1"]))
+    with psycopg.connect(src, autocommit=True) as c:
+        c.execute("CREATE TABLE shard_1.t (id bigint PRIMARY KEY DEFAULT shard_1.next_id(), v int, note text)")
+        c.execute(f"INSERT INTO shard_1.t (v, note) SELECT g, md5(g::text) FROM generate_series(1, {rows}) g")
+        c.execute("VACUUM ANALYZE shard_1.t")
+        size_mb = c.execute("SELECT pg_total_relation_size('shard_1.t') / 1e6").fetchone()[0]  # type: ignore[index]
+
+    t0 = time.perf_counter()
+    dump = subprocess.Popen(["pg_dump", "--schema=shard_1", "-d", src], stdout=subprocess.PIPE)
+    subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", base], stdin=dump.stdout, check=True, stdout=subprocess.DEVNULL)
+    assert dump.stdout is not None
+    dump.stdout.close()
+    assert dump.wait() == 0
+    baseline = time.perf_counter() - t0
+
+    writer = Writer(config.databases, 1, delay=0.001)
+    writer.start()
+    time.sleep(0.5)
+    t0 = time.perf_counter()
+    report = move_shard(config, 1, "db2")
+    total = time.perf_counter() - t0
+    time.sleep(0.5)
+    writer.stop()
+    assert report.verification is not None and report.verification.ok
+    assert len(set(writer.ids)) == len(writer.ids) and writer.ids == sorted(writer.ids)
+
+    section(f"shard of {rows:,} rows ({float(size_mb):.0f} MB with its index)")
+    row("pg_dump | psql (baseline, offline)", baseline, "s")
+    row("move-shard online, total", total, "s", baseline, "of pg_dump | psql")
+    row("write pause reported by move-shard", report.pause_ms or 0.0, "ms")
+    row("longest gap between acknowledged writes", writer.max_gap * 1000, "ms")
+    table([("writes during the move", f"{len(writer.ids):,} ({len(writer.errors)} rejected by the old copy and re-routed)")])
+    for name in (f"src_{tag}",):
+        with psycopg.connect(dsn1, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    for name in (f"tgt_{tag}", f"base_{tag}"):
+        with psycopg.connect(dsn2, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def run() -> None:
+    with servers(2, wal_retrieve_retry_interval="'200ms'") as (s1, s2):
+        for rows in SIZES:
+            one_size(rows, s1.dsn, s2.dsn)
+
+
+if __name__ == "__main__":
+    run()
