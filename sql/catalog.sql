@@ -144,9 +144,10 @@ CREATE TABLE IF NOT EXISTS pgidgen.move_log (
 -- Replicated alongside a moving shard (row filter on token): the source writes a beat while the shard is frozen,
 -- and once the target shows it, the target has applied every earlier change (apply is in commit order).
 CREATE TABLE IF NOT EXISTS pgidgen.move_heartbeat (
-    token text   PRIMARY KEY,
+    token text   NOT NULL,
     beat  bigint NOT NULL,
-    at    timestamptz NOT NULL DEFAULT clock_timestamp()
+    at    timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (token, beat)
 );
 
 -- The guard on every table of a retired shard copy: a write that reaches it fails loudly.

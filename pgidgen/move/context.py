@@ -212,10 +212,9 @@ def check_servers(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.
         " (SELECT count(*) FROM pg_stat_replication)::int,"
         " (SELECT rolsuper OR rolreplication FROM pg_roles WHERE rolname = current_user)"
     ).fetchone()  # type: ignore[misc]
-    max_workers, workers, sync_workers, superuser = tgt.execute(
+    max_workers, workers, superuser = tgt.execute(
         "SELECT current_setting('max_logical_replication_workers')::int,"
         " (SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL)::int,"
-        " current_setting('max_sync_workers_per_subscription')::int,"
         " (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
     ).fetchone()  # type: ignore[misc]
     if wal_level != "logical":
@@ -223,20 +222,19 @@ def check_servers(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.
             f"database {ctx.source} has wal_level = {wal_level}, an online move needs logical",
             hint="set wal_level = logical and restart that server, or move with --offline (writes pause for the whole copy)",
         )
-    need = 1 + max(1, min(len(ctx.tables) + 1, sync_workers))
-    if max_slots - slots < need:
+    if max_slots - slots < 1:
         raise MoveError(
-            f"database {ctx.source} has {max_slots - slots} free replication slots, the move needs {need}",
+            f"database {ctx.source} has no free replication slot (max_replication_slots = {max_slots})",
             hint="raise max_replication_slots (restart), or drop unused slots (pg_replication_slots)",
         )
-    if max_senders - senders < need:
+    if max_senders - senders < 2:
         raise MoveError(
-            f"database {ctx.source} has {max_senders - senders} free WAL senders, the move needs {need}",
+            f"database {ctx.source} has {max_senders - senders} free WAL senders, the move needs 2",
             hint="raise max_wal_senders (restart)",
         )
-    if max_workers - workers < 2:
+    if max_workers - workers < 1:
         raise MoveError(
-            f"database {ctx.target} has {max_workers - workers} free logical replication workers, the move needs 2",
+            f"database {ctx.target} has no free logical replication worker (max_logical_replication_workers = {max_workers})",
             hint="raise max_logical_replication_workers (and max_worker_processes) and restart, or wait for other moves to finish",
         )
     if not can_replicate:

@@ -14,6 +14,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -315,6 +316,7 @@ class Mover:
     def run(self, *, resumed: bool = False) -> MoveReport:
         steps = self.rec.steps
         first = steps.index(self.rec.step) if self.rec.step in steps else 0
+        self.resumed_step = self.rec.step if resumed else None
         step = self.rec.step
         try:
             for step in steps[first:]:
@@ -390,7 +392,7 @@ class Mover:
     def dump_schema(self) -> str:
         pg_dump = _tool("pg_dump")
         proc = subprocess.run(
-            [pg_dump, "--schema-only", f"--schema={self.ctx.schema}", "--no-publications", "--no-subscriptions",
+            [pg_dump, "--section=pre-data", f"--schema={self.ctx.schema}", "--no-publications", "--no-subscriptions",
              "--no-tablespaces", "--no-security-labels", "-d", self.config.dsn(self.ctx.source)],
             capture_output=True, text=True,
         )
@@ -432,11 +434,6 @@ class Mover:
         with self.admin.transaction():
             execute_script(self.admin, q.publication_sql(self.names, tables))
 
-    def step_slot(self) -> None:
-        if self.admin.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.names.slot,)).fetchone():
-            return
-        execute_script(self.admin, q.slot_sql(self.names))
-
     def step_subscription(self) -> None:
         row = self.tgt.execute("SELECT oid FROM pg_subscription WHERE subname = %s", (self.names.subscription,)).fetchone()
         if row is None:
@@ -461,40 +458,72 @@ class Mover:
         return int(row[0]) if row else 0
 
     def step_copy(self) -> None:
-        oid = self._sub_oid()
-        if oid is None:
-            raise MoveError(f"the subscription {self.names.subscription} vanished from {self.ctx.target}", hint=self._next_hint("copy"))
+        """The rows: a slot whose exported snapshot pg_dump copies at, so the subscription (copy_data = false)
+        streams exactly the changes after it. Rows first, then indexes and constraints (pg_dump's data and
+        post-data sections, one restore transaction): as fast as pg_dump | psql, which it is."""
+        if self.resumed_step == "copy":
+            self._reset_copy()
+        repl = connect(self.ctx.source, self.config.dsn(self.ctx.source), autocommit=True, replication="database")
+        try:
+            cur = psycopg.ClientCursor(repl)
+            try:
+                cur.execute(q.slot_sql(self.names))
+            except psycopg.Error as e:
+                raise MoveError(f"database {self.ctx.source} could not create the replication slot: {pg_message(e)}",
+                                hint="see max_replication_slots and max_wal_senders on the source") from None
+            row = cur.fetchone()
+            assert row is not None
+            self.journal.note("copy", consistent_point=str(row[1]))
+            self._dump_restore(("data", "post-data"), snapshot=str(row[2]))
+        finally:
+            repl.close()
+
+    def _reset_copy(self) -> None:
+        """An interrupted copy cannot continue (its snapshot died with it): drop the slot and the partial copy."""
+        drop_slots(self.admin, self.names, None)
+        with self.tgt.transaction():
+            self.tgt.execute(f"DROP SCHEMA IF EXISTS {q.ident(self.ctx.schema)} CASCADE")
+            self.tgt.execute("DELETE FROM pgidgen.shards WHERE shard = %s AND state = 'incoming'", (self.ctx.shard,))
+        self.step_schema()
+
+    def _dump_restore(self, sections: tuple[str, ...], *, snapshot: str | None = None) -> None:
+        pg_dump, psql = _tool("pg_dump"), _tool("psql")
+        argv = [pg_dump, f"--schema={self.ctx.schema}", *(f"--section={x}" for x in sections), "--no-publications",
+                "--no-subscriptions", "--no-tablespaces", "--no-security-labels", "-d", self.config.dsn(self.ctx.source)]
+        if snapshot:
+            argv += ["--snapshot", snapshot]
         est = {t.name: t.est_rows for t in self.ctx.tables}
         total = sum(est.values())
-        errors0 = self._errors(oid)
-        while True:
-            states = self.tgt.execute(
-                "SELECT c.relname, r.srsubstate FROM pg_subscription_rel r JOIN pg_class c ON c.oid = r.srrelid"
-                " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE r.srsubid = %s AND n.nspname = %s",
-                (oid, self.ctx.schema),
-            ).fetchall()
-            hb = self.tgt.execute(
-                "SELECT r.srsubstate FROM pg_subscription_rel r WHERE r.srsubid = %s AND r.srrelid = 'pgidgen.move_heartbeat'::regclass", (oid,)
-            ).fetchone()
-            ready = {name for name, st in states if st in ("r", "s")}
-            done = len(ready) == len(self.ctx.tables) and hb is not None and hb[0] in ("r", "s")
-            if self.progress is not None:
-                copying = self.tgt.execute(
-                    "SELECT c.relname, p.tuples_processed, p.bytes_processed FROM pg_stat_progress_copy p"
-                    " JOIN pg_class c ON c.oid = p.relid WHERE p.datid = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                ).fetchall()
-                rows = sum(est.get(n, 0) for n in ready) + sum(int(r[1]) for r in copying if r[0] not in ready)
-                self.progress(CopyProgress(len(ready), len(self.ctx.tables), min(rows, total) if not done else total, total,
-                                           sum(int(r[2]) for r in copying), self._lag()))
-            if done:
-                return
-            if self._errors(oid) > errors0:
-                raise MoveError(
-                    f"the initial copy of shard {self.ctx.shard} into {self.ctx.target} reported an error",
-                    where=f"{self.ctx.target}'s server log",
-                    hint=f"fix the cause (see the log), then --resume {self.ctx.shard}, or --rollback {self.ctx.shard}",
-                )
-            time.sleep(0.2)
+        seen: dict[str, int] = {}
+        with tempfile.TemporaryFile() as dump_err, tempfile.TemporaryFile() as restore_err:
+            dump = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=dump_err)
+            restore = subprocess.Popen(
+                [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-d", self.config.dsn(self.ctx.target)],
+                stdin=dump.stdout, stdout=subprocess.DEVNULL, stderr=restore_err,
+            )
+            assert dump.stdout is not None
+            dump.stdout.close()
+            while restore.poll() is None:
+                if self.progress is not None:
+                    for rel, tuples, nbytes in self.tgt.execute(
+                        "SELECT c.relname, p.tuples_processed, p.bytes_processed FROM pg_stat_progress_copy p JOIN pg_class c ON c.oid = p.relid"
+                        " WHERE p.datid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                    ):
+                        seen[rel] = max(seen.get(rel, 0), int(tuples))
+                    done = sum(seen.values())
+                    self.progress(CopyProgress(len(seen), len(self.ctx.tables), min(done, total), total, 0, self._lag()))
+                time.sleep(0.1)
+            dump_rc = dump.wait()
+            dump_err.seek(0)
+            restore_err.seek(0)
+            if dump_rc != 0:
+                raise MoveError(f"pg_dump of {self.ctx.schema} on {self.ctx.source} failed: {scrub(_last_line(dump_err.read().decode()))}",
+                                hint=self._next_hint(self.rec.step))
+            if restore.returncode != 0:
+                raise MoveError(f"restoring {self.ctx.schema} into {self.ctx.target} failed: {scrub(_last_line(restore_err.read().decode()))}",
+                                hint=self._next_hint(self.rec.step))
+        if self.progress is not None:
+            self.progress(CopyProgress(len(self.ctx.tables), len(self.ctx.tables), total, total, 0, self._lag()))
 
     def _lag(self) -> int | None:
         row = self.admin.execute(
@@ -507,8 +536,8 @@ class Mover:
         beat = time.time_ns()
         execute_script(self.admin, q.heartbeat_sql(self.rec.token, beat))
         while True:
-            row = self.tgt.execute("SELECT beat FROM pgidgen.move_heartbeat WHERE token = %s", (self.rec.token,)).fetchone()
-            if row is not None and int(row[0]) >= beat:
+            row = self.tgt.execute("SELECT max(beat) FROM pgidgen.move_heartbeat WHERE token = %s", (self.rec.token,)).fetchone()
+            if row is not None and row[0] is not None and int(row[0]) >= beat:
                 return True
             if time.perf_counter() > deadline:
                 return False
@@ -627,23 +656,8 @@ class Mover:
         self.snapshot = snap
 
     def _offline_copy(self) -> None:
-        """Inside the freeze: the shard's rows and sequence values, dump piped into restore."""
-        pg_dump, psql = _tool("pg_dump"), _tool("psql")
-        dump = subprocess.Popen(
-            [pg_dump, "--data-only", f"--schema={self.ctx.schema}", "-d", self.config.dsn(self.ctx.source)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )
-        restore = subprocess.run(
-            [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-d", self.config.dsn(self.ctx.target)],
-            stdin=dump.stdout, capture_output=True, text=True,
-        )
-        assert dump.stdout is not None
-        dump.stdout.close()
-        err = dump.stderr.read().decode() if dump.stderr else ""
-        if dump.wait() != 0:
-            raise MoveError(f"pg_dump of {self.ctx.schema} on {self.ctx.source} failed: {scrub(_last_line(err))}", hint=self._next_hint("cutover"))
-        if restore.returncode != 0:
-            raise MoveError(f"restoring {self.ctx.schema} into {self.ctx.target} failed: {scrub(_last_line(restore.stderr))}", hint=self._next_hint("cutover"))
+        """Inside the freeze: the rows, then indexes and constraints, dump piped into restore."""
+        self._dump_restore(("data", "post-data"))
 
     def step_activate(self) -> None:
         row = self._target_row()

@@ -48,22 +48,23 @@ def render_plan(
         PlannedStep("prepare", target, "install or upgrade the pgidgen catalog" + ("" if target_has_catalog else " (the target has none yet)")),
         PlannedStep("prepare", source, "journal the move (pgidgen.moves) and mark the shard moving; it is still served here",
                     q.source_moving_sql(shard), ["session advisory lock (pgidgen, -16777216 - shard): one mover per shard", "advisory xact lock (pgidgen, -4): not while apply-ddl runs"]),
-        PlannedStep("schema", target, f"create {schema} from pg_dump --schema-only --schema={schema} of {source}"
-                    " (tables, indexes, constraints, functions, grants, the generator's sequences), in one transaction",
+        PlannedStep("schema", target, f"create {schema} from pg_dump --section=pre-data --schema={schema} of {source}"
+                    " (tables, functions, sequences, grants; indexes and constraints come after the rows), in one transaction",
                     q.target_row_sql(shard, schema)),
     ]
     if not options.offline:
         steps += [
             PlannedStep("publication", source, "publish the shard's tables and this move's heartbeat row", q.publication_sql(names, refs)),
-            PlannedStep("slot", source, "a logical replication slot: WAL from here on is kept for the target", q.slot_sql(names)),
-            PlannedStep("subscription", target, "subscribe; the initial copy starts in the background",
+            PlannedStep("copy", source, "a logical slot exporting a snapshot (replication connection), then the rows at that snapshot:"
+                        f" pg_dump --snapshot=<snapshot> --schema={schema} --section=data --section=post-data | psql --single-transaction"
+                        " into the target (rows, then indexes and constraints)", q.slot_sql(names) + ";\n"),
+            PlannedStep("subscription", target, "subscribe without copying: apply streams every change after the snapshot",
                         q.subscription_sql(names, config.dsn(source), show=True)),
-            PlannedStep("copy", target, "wait until every table is copied (progress: rows, bytes, lag)"),
             PlannedStep("catchup", source, "heartbeats until one arrives within half of --max-pause; measure the clock skew",
                         q.heartbeat_sql(names.token, 0)),
         ]
     freeze = q.freeze_sql(shard, refs, ms)
-    cut = ("copy the rows: pg_dump --data-only | psql --single-transaction into the target, then verify" if options.offline
+    cut = ("copy the rows: pg_dump --section=data --section=post-data | psql --single-transaction into the target, then verify" if options.offline
            else "write a heartbeat and wait (within --max-pause) until the target has applied it")
     steps += [
         PlannedStep("cutover", source, f"freeze the shard's writes; {cut}; retire the source copy; one transaction",

@@ -75,7 +75,9 @@ def publication_sql(names: Names, tables: Sequence[TableRef]) -> str:
 
 
 def slot_sql(names: Names) -> str:
-    return f"SELECT pg_catalog.pg_create_logical_replication_slot({literal(names.slot)}, 'pgoutput');\n"
+    """A replication command (sent on a replication=database connection): the slot, and a snapshot of the
+    moment from which it streams, which pg_dump --snapshot copies the rows at."""
+    return f"CREATE_REPLICATION_SLOT {ident(names.slot)} LOGICAL pgoutput (SNAPSHOT 'export')"
 
 
 def subscription_sql(names: Names, source_conninfo: str, *, show: bool = False) -> str:
@@ -83,15 +85,12 @@ def subscription_sql(names: Names, source_conninfo: str, *, show: bool = False) 
     return (
         f"CREATE SUBSCRIPTION {ident(names.subscription)} CONNECTION {literal(conninfo)}\n"
         f"    PUBLICATION {ident(names.publication)}\n"
-        f"    WITH (create_slot = false, slot_name = {literal(names.slot)}, copy_data = true, enabled = true);\n"
+        f"    WITH (create_slot = false, slot_name = {literal(names.slot)}, copy_data = false, enabled = true);\n"
     )
 
 
 def heartbeat_sql(token: str, beat: int) -> str:
-    return (
-        f"INSERT INTO pgidgen.move_heartbeat (token, beat) VALUES ({literal(token)}, {beat})\n"
-        "    ON CONFLICT (token) DO UPDATE SET beat = excluded.beat, at = clock_timestamp();\n"
-    )
+    return f"INSERT INTO pgidgen.move_heartbeat (token, beat) VALUES ({literal(token)}, {beat});\n"
 
 
 # -- cutover -------------------------------------------------------------------------------------------
@@ -202,7 +201,7 @@ def checksum_sql(schema: str, table: str) -> str:
     """Row count and the sum of 64-bit hashes of each row's text: order-independent, one sequential scan,
     so it costs the same on a heap in any order and parallelises across the two servers."""
     return (
-        f"SELECT count(*), coalesce(sum(hashtextextended(ROW(r.*)::text, 0)::numeric), 0)::text"
+        f"SELECT count(*), coalesce(sum(hashtextextended(ROW(r.*)::text, 0)), 0)::text"
         f" FROM ONLY {ident(schema, table)} AS r"
     )
 
