@@ -277,12 +277,21 @@ def status_cmd(ctx: click.Context, as_json: bool, drift: bool) -> None:
 @click.option("--databases", metavar="NAMES", help="Comma-separated databases whose shards get the file (default: all).")
 @click.option("--name", help="Name the ledger records the file under (default: the file's base name).")
 @click.option("--reapply-changed", is_flag=True, help="Run a file whose content changed since it was applied again, on every shard.")
+@click.option("--commit-every", type=int, metavar="N", help="Commit every N shards instead of all at once (for small lock tables; re-runs resume).")
 @click.option("--sql", "sql_only", is_flag=True, help="Print the SQL per database without connecting (needs --shards).")
 @click.option("--shards", type=int, help="With --sql: the shard count, shards spread as init spreads them.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report, no progress bar.")
 @click.pass_context
 def apply_ddl_cmd(
-    ctx: click.Context, file: str, databases: str | None, name: str | None, reapply_changed: bool, sql_only: bool, shards: int | None, as_json: bool
+    ctx: click.Context,
+    file: str,
+    databases: str | None,
+    name: str | None,
+    reapply_changed: bool,
+    commit_every: int | None,
+    sql_only: bool,
+    shards: int | None,
+    as_json: bool,
 ) -> None:
     """Apply a DDL file written once, unqualified, to every shard; record it in the ledger."""
     from .ddl.apply import apply_ddl, offline_plan, read_file, render_apply
@@ -298,7 +307,15 @@ def apply_ddl_cmd(
         return
     bar = Bar(interactive(as_json), f"applying {parsed.name}")
     try:
-        result = apply_ddl(config, parsed, config.select(databases), reapply_changed=reapply_changed, progress=bar.advance, on_plan=lambda p: bar.start(p.total))
+        result = apply_ddl(
+            config,
+            parsed,
+            config.select(databases),
+            reapply_changed=reapply_changed,
+            commit_every=commit_every,
+            progress=bar.advance,
+            on_plan=lambda p: bar.start(p.total),
+        )
     finally:
         bar.close()
     report(result.outcomes, as_json)

@@ -245,3 +245,25 @@ def test_databases_option_and_json(sharded: Config, config_file: Path, schema_fi
 def test_missing_file(config_file: Path, tmp_path: Path) -> None:
     res = cli(config_file, "apply-ddl", str(tmp_path / "nope.sql"))
     assert res.output == f"Error: file {tmp_path / 'nope.sql'} does not exist: give the path of a .sql file\n"
+
+
+def test_commit_every_resumes_where_it_stopped(sharded: Config, config_file: Path, schema_file: Path) -> None:
+    execute(sharded, "db2", "CREATE TABLE shard_3.likes (x int)")
+    res = cli(config_file, "apply-ddl", str(schema_file), "--commit-every", "1")
+    assert res.exit_code == 1
+    assert res.output.splitlines() == [
+        "db1: applied schema.sql (#1) to 2 shards (0-1)",
+        'db2: failed: database db2 failed in one of shard 3: relation "likes" already exists [SQLSTATE 42P07]: '
+        "shards 2 of db2 were committed before; the other databases went on: fix the cause and run apply-ddl again, "
+        "it resumes where it stopped; `pgidgen status --drift` shows how those shards differ",
+        "db3: applied schema.sql (#1) to 2 shards (4-5)",
+        "Error: 1 of 3 databases failed (db2); the others are as reported above",
+    ]
+    assert tables(sharded, "db2", 2) == ["likes", "photos"] and tables(sharded, "db2", 3) == ["likes"]
+    execute(sharded, "db2", "DROP TABLE shard_3.likes")
+    res = cli(config_file, "apply-ddl", str(schema_file), "--commit-every", "1")
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[1] == "db2: applied schema.sql (#1) to 1 shards (3)"
+    assert cli(config_file, "apply-ddl", str(schema_file), "--commit-every", "0").output == (
+        "Error: --commit-every must be at least 1: give the number of shards per transaction, e.g. 200\n"
+    )

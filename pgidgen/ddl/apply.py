@@ -19,7 +19,7 @@ from pglast import split
 
 from ..config import Config
 from ..db import Outcome, connect, each_database, execute_script, pg_message, translate
-from ..errors import ConflictError, DatabaseError, InputError, PgidgenError
+from ..errors import ConfigError, ConflictError, DatabaseError, InputError, PgidgenError
 from ..idgen import LOCK_CLASS, schema_name
 from ..init import spread
 from ..ranges import collapse
@@ -184,7 +184,21 @@ def _lock_all(stack: ExitStack, config: Config) -> dict[str, psycopg.Connection[
     return conns
 
 
-def _run_first_shard(conn: psycopg.Connection[Any], name: str, shard: int, files: Sequence[FileVersion]) -> None:
+def _hint(e: psycopg.Error, name: str, committed: Sequence[int], per_batch: bool, otherwise: str) -> str:
+    if per_batch:
+        done = f"shards {collapse(committed)} of {name} were committed before" if committed else f"nothing was committed in {name}"
+        state = f"{done}; the other databases went on: fix the cause and run apply-ddl again, it resumes where it stopped"
+    else:
+        state = "nothing was applied anywhere (rolled back)"
+    if getattr(e, "sqlstate", None) == "53200":
+        return (
+            f"{state}; creating tables locks them until commit and the server's lock table is full: pass --commit-every N "
+            "(e.g. 200) to commit every N shards, or raise max_locks_per_transaction"
+        )
+    return f"{state}; {otherwise}"
+
+
+def _run_first_shard(conn: psycopg.Connection[Any], name: str, shard: int, files: Sequence[FileVersion], *, committed: bool = False) -> None:
     """The first shard runs statement by statement, so an error names the file, statement and line."""
     for f in files:
         parts = split(f.for_shard(shard))
@@ -201,7 +215,7 @@ def _run_first_shard(conn: psycopg.Connection[Any], name: str, shard: int, files
                     pass
                 raise DatabaseError(
                     f"database {name} failed in {schema_name(shard)} at {where}: {pg_message(e)}",
-                    hint="nothing was applied anywhere (rolled back); fix the file, or the shards it does not fit",
+                    hint=_hint(e, name, (), committed, "fix the file, or the shards it does not fit"),
                 ) from None
     conn.execute(b"RESET search_path")
 
@@ -212,10 +226,17 @@ def apply_ddl(
     databases: Sequence[str] | None = None,
     *,
     reapply_changed: bool = False,
+    commit_every: int | None = None,
     progress: Progress | None = None,
     on_plan: Callable[[ApplyPlan], None] | None = None,
 ) -> ApplyResult:
-    """Apply a parsed file to every shard of the target databases (default: all), catching shards up on the way."""
+    """Apply a parsed file to every shard of the target databases (default: all), catching shards up on the way.
+
+    commit_every=N trades all-or-nothing for a bounded lock table: each database commits every N shards (the
+    ledger is written in the same transactions, so a failed or interrupted run resumes where it stopped).
+    """
+    if commit_every is not None and commit_every < 1:
+        raise ConfigError("--commit-every must be at least 1", hint="give the number of shards per transaction, e.g. 200")
     targets = config.select(list(databases) if databases else None)
     lock = threading.Lock()
 
@@ -249,25 +270,41 @@ def apply_ddl(
                     details={"applied": 0},
                 )
             conn = conns[name]
-            chunks = render_database(plan, name)
-            try:
-                conn.execute(b"BEGIN")
-                execute_script(conn, chunks[0][1])
-                first = min(shards)
-                _run_first_shard(conn, name, first, shards[first])
-                execute_script(conn, render_ledger_rows([(first, f) for f in shards[first]]))
-                tick(1)
-                for part, sql in render_batches({s: f for s, f in shards.items() if s != first}):
-                    try:
-                        execute_script(conn, sql)
-                    except psycopg.Error as e:
-                        raise DatabaseError(
-                            f"database {name} failed in one of {_shards(part)}: {pg_message(e)}",
-                            hint="nothing was applied anywhere (rolled back); `pgidgen status --drift` shows how those shards differ",
-                        ) from None
-                    tick(len(part))
-            except psycopg.Error as e:
-                raise translate(name, e, doing=f"applying {file.name}") from None
+            ordered = sorted(shards)
+            groups = [ordered] if not commit_every else [ordered[i:i + commit_every] for i in range(0, len(ordered), commit_every)]
+            committed: list[int] = []
+            for gi, group in enumerate(groups):
+                try:
+                    conn.execute(b"BEGIN")
+                    rest = group
+                    if gi == 0:
+                        execute_script(conn, plan.head[name])
+                        first = group[0]
+                        _run_first_shard(conn, name, first, shards[first], committed=bool(commit_every))
+                        execute_script(conn, render_ledger_rows([(first, f) for f in shards[first]]))
+                        tick(1)
+                        rest = group[1:]
+                    for part, sql in render_batches({s: shards[s] for s in rest}):
+                        try:
+                            execute_script(conn, sql)
+                        except psycopg.Error as e:
+                            raise DatabaseError(
+                                f"database {name} failed in one of {_shards(part)}: {pg_message(e)}",
+                                hint=_hint(e, name, committed, bool(commit_every), "`pgidgen status --drift` shows how those shards differ"),
+                            ) from None
+                        tick(len(part))
+                    if commit_every:
+                        conn.execute(b"COMMIT")
+                        committed.extend(group)
+                except psycopg.Error as e:
+                    raise DatabaseError(
+                        f"database {name} failed while applying {file.name}: {pg_message(e)}",
+                        hint=_hint(e, name, committed, bool(commit_every), "see the server's log"),
+                    ) from None
+                except PgidgenError:
+                    if commit_every and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                        conn.execute(b"ROLLBACK")
+                    raise
             applied = sorted(s for s, files in shards.items() if any(f.position == plan.version.position for f in files))
             caught_up = sorted(s for s, files in shards.items() if any(f.position != plan.version.position for f in files))
             parts = [f"applied {file.name} (#{plan.version.position}) to {len(applied)} shards ({collapse(applied) or 'none'})"]
@@ -278,11 +315,13 @@ def apply_ddl(
 
         results = each_database(targets, work)
         failed = [n for n, r in results.items() if isinstance(r, PgidgenError)]
-        outcomes = _finish(conns, targets, results, commit=not failed)
+        outcomes = _finish(conns, targets, results, commit=not failed, per_batch=bool(commit_every))
     return ApplyResult(plan, outcomes)
 
 
-def _finish(conns: dict[str, psycopg.Connection[Any]], targets: Sequence[str], results: dict[str, Any], *, commit: bool) -> list[Outcome]:
+def _finish(
+    conns: dict[str, psycopg.Connection[Any]], targets: Sequence[str], results: dict[str, Any], *, commit: bool, per_batch: bool
+) -> list[Outcome]:
     """All or nothing across databases: commit everywhere only when every database succeeded."""
     failed = [n for n in targets if isinstance(results[n], PgidgenError)]
     outcomes: list[Outcome] = []
@@ -293,7 +332,7 @@ def _finish(conns: dict[str, psycopg.Connection[Any]], targets: Sequence[str], r
         if isinstance(res, PgidgenError):
             if in_tx:
                 conn.execute(b"ROLLBACK")
-            outcomes.append(Outcome(name, ok=False, summary="failed, rolled back", error=res.render()))
+            outcomes.append(Outcome(name, ok=False, summary="failed" if per_batch else "failed, rolled back", error=res.render()))
             continue
         if not in_tx:
             outcomes.append(res)

@@ -195,8 +195,8 @@ def read_drift(config: Config) -> Drift:
                     missing = missing_positions(history, d.ledger.shards.get(s, ()))
                     if missing:
                         behind.setdefault(tuple(missing), []).append(s)
-                for missing, shards in behind.items():
-                    files = ", ".join(f"#{p} {history[p].name}" for p in missing)
+                for lacking, shards in behind.items():
+                    files = ", ".join(f"#{p} {history[p].name}" for p in lacking)
                     drift.problems.append(
                         f"{name}: shards {collapse(shards)} lack sharded DDL files {files} (run pgidgen apply-ddl again to catch them up)"
                     )

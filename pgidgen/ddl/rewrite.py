@@ -281,7 +281,8 @@ class _CteNames(Visitor):  # type: ignore[misc]
         self.names: set[str] = set()
 
     def visit_CommonTableExpr(self, ancestors: Any, node: ast.CommonTableExpr) -> None:
-        self.names.add(node.ctename)
+        if node.ctename:
+            self.names.add(node.ctename)
 
 
 def _qualify_names(names: tuple[ast.String, ...] | None, placeholder: str, *, base: int, thing: str) -> tuple[ast.String, ...]:
@@ -305,7 +306,7 @@ def _target_rangevar(rv: ast.RangeVar | None, targets: set[int]) -> None:
     targets.add(id(rv))
 
 
-def _objects_in_names(objtype: ObjectType, obj: Any, placeholder: str, what: str) -> Any:
+def _objects_in_names(objtype: ObjectType | None, obj: Any, placeholder: str, what: str) -> Any:
     """COMMENT ON / DROP targets: qualify the object's name with the shard's schema, by object type."""
     if objtype in _REL_OBJECTS:
         return _qualify_names(obj, placeholder, base=1, thing=what)
@@ -324,7 +325,8 @@ def _objects_in_names(objtype: ObjectType, obj: Any, placeholder: str, what: str
         return obj
     if objtype == ObjectType.OBJECT_SCHEMA:
         raise Refused("it names a schema", "shards are schemas pgidgen manages; write tables unqualified and pgidgen puts them into every shard")
-    raise Refused(f"pgidgen does not shard {what} on {objtype.name[7:].lower().replace('_', ' ')} objects", "run it outside pgidgen")
+    kind = objtype.name[7:].lower().replace("_", " ") if objtype is not None else "these"
+    raise Refused(f"pgidgen does not shard {what} on {kind} objects", "run it outside pgidgen")
 
 
 @dataclass
@@ -346,7 +348,7 @@ def _collect_scope(stmts: Iterable[ast.RawStmt]) -> _FileScope:
             if len(names) == 1:
                 scope.types.add(names[0])
         elif isinstance(s, ast.CompositeTypeStmt) and s.typevar is not None and s.typevar.schemaname is None:
-            scope.types.add(s.typevar.relname)
+            scope.types.add(str(s.typevar.relname))
         elif isinstance(s, ast.CreateRangeStmt):
             names = _names(s.typeName)
             if len(names) == 1:
@@ -394,7 +396,7 @@ def _function_body(stmt: ast.CreateFunctionStmt, placeholder: str, scope: _FileS
         for raw in inner:
             q = _qualify(raw.stmt, placeholder, scope, set())
             inserted += q
-            parts.append(RawStream()(raw.stmt))
+            parts.append(RawStream()(raw.stmt))  # type: ignore[arg-type]
         opt.arg = (ast.String(sval="; ".join(parts)),)
     return inserted
 
@@ -417,7 +419,7 @@ def _targets(s: Any, placeholder: str, scope: _FileScope) -> set[int]:
     elif isinstance(s, ast.ViewStmt):
         _target_rangevar(s.view, t)
     elif isinstance(s, ast.CreateTableAsStmt):
-        _target_rangevar(s.into.rel, t)
+        _target_rangevar(s.into.rel if s.into is not None else None, t)
     elif isinstance(s, ast.CreateTrigStmt):
         _target_rangevar(s.relation, t)
         names = _names(s.funcname)
@@ -456,15 +458,15 @@ def _targets(s: Any, placeholder: str, scope: _FileScope) -> set[int]:
     elif isinstance(s, ast.DropStmt):
         if s.concurrent:
             raise Refused("DROP INDEX CONCURRENTLY cannot run inside a transaction, and pgidgen applies each database in one", "drop CONCURRENTLY")
-        s.objects = tuple(_objects_in_names(s.removeType, o, placeholder, "DROP") for o in s.objects)
+        s.objects = tuple(_objects_in_names(s.removeType, o, placeholder, "DROP") for o in s.objects or ())
     elif isinstance(s, ast.GrantStmt):
         if s.targtype != GrantTargetType.ACL_TARGET_OBJECT:
             raise Refused("it grants on all objects in a schema", "grant on the sharded tables by name: pgidgen qualifies them for every shard")
         if s.objtype in (ObjectType.OBJECT_TABLE, ObjectType.OBJECT_SEQUENCE):
-            for rv in s.objects:
+            for rv in s.objects or ():
                 _target_rangevar(rv, t)
         elif s.objtype in _FUNC_OBJECTS:
-            for o in s.objects:
+            for o in s.objects or ():
                 _objects_in_names(s.objtype, o, placeholder, "GRANT")
         else:
             raise Refused("pgidgen grants on tables, sequences and functions only", "run other grants outside pgidgen")
@@ -544,7 +546,7 @@ def parse_file(source: str, name: str) -> ShardedFile:
         kind = _kind(source, start)
         try:
             _check_and_rewrite(raw.stmt, placeholder, scope)
-            sql_text = RawStream()(raw.stmt)
+            sql_text = RawStream()(raw.stmt)  # type: ignore[arg-type]
         except Refused as r:
             raise InputError(f"statement {number} ({kind}) cannot be sharded: {r.what}", where=f"{name}:{line}:{col}", hint=r.hint) from None
         except Exception as e:  # pglast cannot print some exotic nodes
