@@ -17,6 +17,7 @@ from common import best_of, row, section, servers, table
 from pgidgen.config import Config
 from pgidgen.ddl import parse_file
 from pgidgen.ddl.apply import apply_ddl, offline_plan, render_apply
+from pgidgen.ddl.drift import DETAIL_SQL, read_drift
 from pgidgen.init import init
 from pgidgen.layout import Layout
 
@@ -85,3 +86,17 @@ def run() -> None:
         with psycopg.connect(config.databases["db2"]) as conn:
             n = conn.execute("SELECT count(*) FROM pgidgen.ddl_ledger").fetchone()
         table([("ledger rows in db2 after the last run", str(n[0] if n else 0))])
+
+        section(f"status --drift: {SHARDS} shards over 2 databases")
+        naive = best_of(1, lambda: describe_each_shard(config))
+        row("one description query per shard (2000 round trips, 1 run)", naive, "s")
+        fingerprints = best_of(RUNS, lambda: read_drift(config))
+        row("read_drift (one fingerprint query per database)", fingerprints, "s", naive, "per shard")
+
+
+def describe_each_shard(config: Config) -> None:
+    for dsn in config.databases.values():
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SET enable_nestloop = off")
+            for (shard,) in conn.execute("SELECT shard FROM pgidgen.shards").fetchall():
+                conn.execute(DETAIL_SQL, ([shard],)).fetchall()

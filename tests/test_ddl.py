@@ -267,3 +267,15 @@ def test_commit_every_resumes_where_it_stopped(sharded: Config, config_file: Pat
     assert cli(config_file, "apply-ddl", str(schema_file), "--commit-every", "0").output == (
         "Error: --commit-every must be at least 1: give the number of shards per transaction, e.g. 200\n"
     )
+
+
+def test_name_option_records_under_that_name(sharded: Config, config_file: Path, schema_file: Path) -> None:
+    res = cli(config_file, "apply-ddl", str(schema_file), "--name", "001-photos", "--databases", "db1")
+    assert res.output.splitlines() == ["db1: applied 001-photos (#1) to 2 shards (0-1)"]
+    assert query(sharded, "db1", "SELECT name FROM pgidgen.ddl_files") == [("001-photos",)]
+    assert cli(config_file, "apply-ddl", str(schema_file), "--name", " ").output == (
+        "Error: --name ' ' is not a usable file name: give a short non-empty name, e.g. schema.sql\n"
+    )
+    assert cli(config_file, "apply-ddl", str(schema_file), "--shards", "6").output == (
+        "Error: --shards is only used with --sql: apply-ddl applies to the shards the databases hold\n"
+    )

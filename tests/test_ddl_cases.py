@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from pgidgen.cli import main
 from pgidgen.config import Config
+from pgidgen.ddl.drift import read_drift
 from pgidgen.init import init
 
 CASES = Path(__file__).parent / "ddl_cases"
@@ -109,6 +110,8 @@ def test_case(case: Case, config: Config, config_file: Path, tmp_path: Path) -> 
                 assert rows_text(rows) == expected.format(shard=f"shard_{shard}", n=shard), f"{query} in shard_{shard}"
             count = conn.execute("SELECT count(*) FROM pgidgen.ddl_ledger WHERE shard = %s", (shard,)).fetchone()
             assert count == (1,)
+    drift = read_drift(config)  # every shard in every database looks the same, whatever the case created
+    assert (drift.problems, drift.fingerprints, drift.shards) == ([], 1, SHARDS)
 
 
 def assert_nothing_applied(config: Config) -> None:

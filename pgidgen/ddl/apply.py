@@ -62,6 +62,8 @@ class ApplyPlan:
 
 def read_file(path: str | Path, name: str | None = None) -> ShardedFile:
     p = Path(path)
+    if name is not None and (not name.strip() or len(name) > 200):
+        raise InputError(f"--name {name!r} is not a usable file name", hint="give a short non-empty name, e.g. schema.sql")
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:

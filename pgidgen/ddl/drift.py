@@ -19,7 +19,7 @@ from ..errors import PgidgenError
 from ..ranges import collapse
 from .ledger import DatabaseLedger, merge_history, missing_positions, read_ledger
 
-_N = r"regexp_replace({x}, '\m' || s.nspname || '\M', 'shard_N', 'g')"
+_N = "replace({x}, s.nspname || '.', 'shard_N.')"
 
 ITEMS_SQL = """
 WITH s AS (
@@ -69,19 +69,23 @@ WITH s AS (
     condef=_N.format(x="pg_catalog.pg_get_constraintdef(co.oid)"),
     trigdef=_N.format(x="pg_catalog.pg_get_triggerdef(t.oid)"),
     viewdef=_N.format(x="pg_catalog.pg_get_viewdef(c.oid)"),
-    prosrc=_N.format(x="coalesce(p.prosrc, '') || coalesce(pg_catalog.array_to_string(p.proconfig, ','), '')"),
+    prosrc=_N.format(x="coalesce(p.prosrc, '')")
+    + " || replace(coalesce(pg_catalog.array_to_string(p.proconfig, ','), ''), 'search_path=' || s.nspname || ',', 'search_path=shard_N,')",
 )
 
 FINGERPRINT_SQL = (
     ITEMS_SQL.replace("{filter}", "")
     + """
-SELECT s.shard, coalesce(pg_catalog.md5(string_agg(i.item, E'\\n' ORDER BY i.item)), pg_catalog.md5(''))
+SELECT s.shard, coalesce(pg_catalog.md5(string_agg(replace(i.item, s.nspname || '.', 'shard_N.'), E'\\n' ORDER BY replace(i.item, s.nspname || '.', 'shard_N.'))), pg_catalog.md5(''))
 FROM s LEFT JOIN items i ON i.shard = s.shard
 GROUP BY s.shard
 """
 )
 
-DETAIL_SQL = ITEMS_SQL.replace("{filter}", "AND sh.shard = ANY(%s)") + "SELECT shard, item FROM items ORDER BY shard, item"
+DETAIL_SQL = (
+    ITEMS_SQL.replace("{filter}", "AND sh.shard = ANY(%s)")
+    + "SELECT i.shard, replace(i.item, s.nspname || '.', 'shard_N.') FROM items i JOIN s ON s.shard = i.shard"
+)
 
 
 @dataclass
@@ -120,6 +124,7 @@ def _read(conn: psycopg.Connection[Any], name: str) -> DatabaseDrift:
         ledger = read_ledger(conn)
         if not ledger.has_catalog:
             return DatabaseDrift({}, ledger=ledger)
+        conn.execute(b"SET enable_nestloop = off")  # right after DDL on thousands of shards, catalog statistics are stale
         rows = conn.execute(FINGERPRINT_SQL.encode()).fetchall()
     except psycopg.Error as e:
         raise translate(name, e, doing="reading the shards' schemas") from None
