@@ -67,3 +67,15 @@ def test_types_policies_materialized_views_and_revoke() -> None:
         "CREATE MATERIALIZED VIEW shard_3.counts AS SELECT user_id, count(*) FROM shard_3.photos GROUP BY user_id;",
         "REVOKE ALL PRIVILEGES ON TABLE shard_3.photos FROM PUBLIC;",
     ]
+
+
+def test_error_at_end_of_input_points_past_the_last_statement() -> None:
+    with pytest.raises(InputError) as e:
+        parse_file("CREATE TABLE a (\n  x int,\n", "s.sql")
+    assert e.value.render() == "syntax error at end of input (s.sql:2:9): fix the SQL; nothing was applied"
+
+
+def test_comments_only() -> None:
+    with pytest.raises(InputError) as e:
+        parse_file("-- nothing yet\n", "s.sql")
+    assert e.value.render() == "s.sql holds no SQL statements: give a file with CREATE TABLE and the like"

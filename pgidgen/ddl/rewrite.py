@@ -533,7 +533,9 @@ def parse_file(source: str, name: str) -> ShardedFile:
         raws = parse_sql(source)
     except ParseError as e:
         index = parse_error_index(source, e)
-        where = name if index is None else "{}:{}:{}".format(name, *line_col(source, index))
+        if index is None:  # "at end of input": point just past the last statement
+            index = len(source.rstrip())
+        where = "{}:{}:{}".format(name, *line_col(source, index))
         raise InputError(str(e.args[0]), where=where, hint="fix the SQL; nothing was applied") from None
     if not raws:
         raise InputError(f"{name} holds no SQL statements", hint="give a file with CREATE TABLE and the like")
