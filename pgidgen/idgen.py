@@ -26,7 +26,9 @@ def render_catalog(layout: Layout, *, shard_count: int, generator: str = DEFAULT
         f"VALUES ({layout.epoch_ms}, {layout.time_bits}, {layout.shard_bits}, {layout.sequence_bits}, {shard_count}, "
         f"{literal(generator)}, {literal(__version__)}) ON CONFLICT (singleton) DO NOTHING;\n"
     )
-    return static_sql("catalog.sql") + "\n" + row + render("catalog_functions.sql.j2", L=layout, lock_class=LOCK_CLASS)
+    return static_sql("catalog.sql") + "\n" + row + render(
+        "catalog_functions.sql.j2", L=layout, lock_class=LOCK_CLASS, runs_out=iso_ms(layout.epoch_ms + (1 << layout.time_bits))
+    )
 
 
 def render_shard(layout: Layout, shard: int, *, grant_roles: Sequence[str] = (), generator: str = DEFAULT_GENERATOR) -> str:

@@ -162,8 +162,14 @@ def ms_to_datetime(ms: int) -> dt.datetime:
 
 
 def iso_ms(ms: int) -> str:
-    """ISO-8601 UTC with milliseconds, e.g. 2026-01-01T00:00:00.000Z (fast path for bulk decoding)."""
-    d = ms_to_datetime(ms)
+    """ISO-8601 UTC with milliseconds, e.g. 2026-01-01T00:00:00.000Z (fast path for bulk decoding).
+
+    Times past the year 9999 (layouts with many time bits run out there) have no ISO form: they read as such.
+    """
+    try:
+        d = ms_to_datetime(ms)
+    except OverflowError:
+        return "after 9999-12-31T23:59:59.999Z"
     return f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:{d.second:02d}.{ms % 1000:03d}Z"
 
 
