@@ -1,0 +1,163 @@
+"""next_id(): cost per ID, concurrent sessions, INSERT throughput and index size, against its baselines.
+
+Baselines measured in the same run: bare nextval(), gen_random_uuid(), Instagram's published PL/pgSQL
+next_id() (bench/instagram.sql), bigserial and uuid keys. The machine is shared and noisy: each figure is the
+best of a few interleaved rounds; read the ratios.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import psycopg
+
+from common import psql, row, section, servers
+
+from pgidgen.config import Config
+from pgidgen.init import init
+from pgidgen.layout import Layout
+from pgidgen.sandbox import Server
+
+HERE = Path(__file__).resolve().parent
+IDS = int(os.environ.get("BENCH_NEXT_ID_IDS", "1000000"))
+ROUNDS = int(os.environ.get("BENCH_RUNS", "3"))
+PGBENCH_SECONDS = int(os.environ.get("BENCH_PGBENCH_SECONDS", "6"))
+INDEX_ROWS = int(os.environ.get("BENCH_INDEX_ROWS", "1000000"))
+SESSIONS = (1, 2, 4, 8)
+
+PER_ID = {
+    "shard_1.next_id()": "next_id (pgidgen)",
+    "nextval('public.bare_seq')": "bare nextval",
+    "gen_random_uuid()": "gen_random_uuid()",
+    "insta5.next_id()": "Instagram's published PL/pgSQL",
+}
+
+
+def pgbench_bin() -> str:
+    found = shutil.which("pgbench")
+    if found:
+        return found
+    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin/pgbench")):
+        return str(candidate)
+    raise RuntimeError("pgbench not found (Debian: postgresql-client)")
+
+
+def per_id_costs(dsn: str) -> dict[str, float]:
+    """Microseconds per ID: SELECT count(f()) FROM generate_series(1, IDS), best of interleaved rounds."""
+    best = {expr: float("inf") for expr in PER_ID}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(ROUNDS):
+            for expr in PER_ID:
+                t0 = time.perf_counter()
+                conn.execute(f"SELECT count({expr}) FROM generate_series(1, {IDS})")
+                best[expr] = min(best[expr], time.perf_counter() - t0)
+    return {expr: t / IDS * 1e6 for expr, t in best.items()}
+
+
+def concurrent_rate(dsn: str, exprs: list[str], total: int) -> float:
+    """IDs per second with one session per expression, all started together."""
+    per = total // len(exprs)
+    conns = [psycopg.connect(dsn, autocommit=True) for _ in exprs]
+    barrier = threading.Barrier(len(exprs) + 1)
+    done: list[float] = []
+
+    def work(conn: psycopg.Connection, expr: str) -> None:
+        barrier.wait()
+        conn.execute(f"SELECT count({expr}) FROM generate_series(1, {per})")
+        done.append(time.perf_counter())
+
+    threads = [threading.Thread(target=work, args=(c, e)) for c, e in zip(conns, exprs)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    for c in conns:
+        c.close()
+    return per * len(exprs) / (max(done) - t0)
+
+
+def best_rate(fn: Callable[[], float]) -> float:
+    return max(fn() for _ in range(ROUNDS))
+
+
+def pgbench_tps(server: Server, table: str, tmp: Path) -> float:
+    script = tmp / f"{table}.sql"
+    script.write_text(f"INSERT INTO {table} (v) VALUES (1);\n")
+    out = subprocess.run(
+        [pgbench_bin(), "-n", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres", "-c", "4", "-j", "2",
+         "-T", str(PGBENCH_SECONDS), "-f", str(script), "app"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    m = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
+    if not m:
+        raise RuntimeError(f"pgbench printed no tps: {out[-300:]}")
+    return float(m.group(1))
+
+
+def run() -> None:
+    with servers(1) as srv, tempfile.TemporaryDirectory() as tmp_dir:
+        server = srv[0]
+        dsn = server.dsn
+        tmp = Path(tmp_dir)
+        init(Config(layout=Layout.make(), databases={"db1": dsn}), 16)
+        psql(dsn, file=HERE / "instagram.sql")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE SEQUENCE public.bare_seq")
+            for k in range(1, 9):
+                conn.execute(f"CREATE SEQUENCE public.bare_seq_{k}")
+
+        section(f"cost per ID in one session: SELECT count(f()) FROM generate_series(1, {IDS}), best of {ROUNDS}")
+        costs = per_id_costs(dsn)
+        insta = costs["insta5.next_id()"]
+        for expr, label in PER_ID.items():
+            row(f"{label}  [{expr}]", costs[expr], "us/ID", insta, "of Instagram's")
+        nid = costs["shard_1.next_id()"]
+        bare = costs["nextval('public.bare_seq')"]
+        print(
+            f"  => next_id is {insta / nid:.2f}x cheaper than Instagram's; it costs {nid / bare:.2f}x a bare nextval"
+            f" and {nid / costs['gen_random_uuid()']:.2f}x gen_random_uuid()",
+            flush=True,
+        )
+
+        total = max(IDS // 2, 80_000)
+        section(f"aggregate IDs/s, {total} IDs split over N concurrent sessions (2 cores), best of {ROUNDS}")
+        for n in SESSIONS:
+            one = best_rate(lambda: concurrent_rate(dsn, ["shard_1.next_id()"] * n, total))
+            spread = best_rate(lambda: concurrent_rate(dsn, [f"shard_{k + 1}.next_id()" for k in range(n)], total))
+            seq_one = best_rate(lambda: concurrent_rate(dsn, ["nextval('public.bare_seq')"] * n, total))
+            row(f"{n} sessions, next_id, all on shard 1", one / 1e3, "k IDs/s", seq_one / 1e3, "of nextval on one sequence")
+            row(f"{n} sessions, next_id, one shard each", spread / 1e3, "k IDs/s", one / 1e3, "of all on one shard")
+
+        section(f"pgbench INSERT throughput, 4 clients, {PGBENCH_SECONDS}s each, best of 2 interleaved runs")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE t_next_id (id bigint PRIMARY KEY DEFAULT shard_1.next_id(), v int)")
+            conn.execute("CREATE TABLE t_bigserial (id bigserial PRIMARY KEY, v int)")
+            conn.execute("CREATE TABLE t_uuid (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), v int)")
+        tps = {t: 0.0 for t in ("t_bigserial", "t_next_id", "t_uuid")}
+        for _ in range(2):
+            for t in tps:
+                tps[t] = max(tps[t], pgbench_tps(server, t, tmp))
+        for t, label in (("t_bigserial", "bigserial key"), ("t_next_id", "DEFAULT shard_1.next_id() key"), ("t_uuid", "uuid key (gen_random_uuid)")):
+            row(label, tps[t], "tps", tps["t_bigserial"], "of bigserial")
+
+        section(f"primary-key index size after {INDEX_ROWS} rows (one INSERT ... SELECT each, fresh tables)")
+        sizes: dict[str, float] = {}
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for t in tps:
+                conn.execute(f"TRUNCATE {t}")
+                conn.execute(f"INSERT INTO {t} (v) SELECT 1 FROM generate_series(1, {INDEX_ROWS})")
+                conn.execute(f"VACUUM ANALYZE {t}")
+                sizes[t] = conn.execute(f"SELECT pg_relation_size('{t}_pkey')").fetchone()[0] / 2**20
+            dup = conn.execute("SELECT count(*) - count(DISTINCT id) FROM t_next_id").fetchone()[0]
+        for t, label in (("t_bigserial", "bigserial"), ("t_next_id", "next_id"), ("t_uuid", "uuid (random)")):
+            row(label, sizes[t], "MiB", sizes["t_bigserial"], "of bigserial")
+        print(f"  (duplicates among the {INDEX_ROWS} next_id keys: {dup})", flush=True)
