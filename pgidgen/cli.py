@@ -483,3 +483,33 @@ def move_shard_cmd(ctx: click.Context, shard: int, target: str | None, max_pause
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else "\n".join(report.lines()))
     if report.verification is not None and not report.verification.ok:
         ctx.exit(1)
+
+
+# -- rebalance -----------------------------------------------------------------------------------------
+
+
+@main.command("rebalance")
+@click.option("--databases", metavar="NAMES", help="Comma-separated databases to spread the shards over (default: all).")
+@click.option("--parallel", type=int, default=2, show_default=True, help="How many moves run at once.")
+@click.option("--max-pause", default="1s", show_default=True, metavar="DURATION", help="Longest write pause of each move's cutover.")
+@click.option("--dry-run", is_flag=True, help="Print the moves that would run, and change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
+@click.pass_context
+def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_pause: str, dry_run: bool, as_json: bool) -> None:
+    """Move shards so every database holds an even share (e.g. after adding one), several moves at once."""
+    from . import move
+    from .move.rebalance import plan_rebalance, rebalance
+
+    config = get_config(ctx)
+    names = config.select(databases)
+    opts = move.MoveOptions(max_pause=_duration(max_pause))
+    if dry_run:
+        plan = plan_rebalance(config, names)
+        click.echo(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()))
+        return
+    show = (lambda m, r: click.echo(f"shard {m.shard}: {m.source} -> {m.target}: "
+                                    + (f"FAILED: {r.render()}" if isinstance(r, PgidgenError) else f"done, pause {r.pause_ms or 0:.0f} ms"), err=True))
+    result = rebalance(config, names, parallel=parallel, options=opts, on_done=None if as_json else show)
+    click.echo(json.dumps(result.as_dict(), indent=2) if as_json else "\n".join(result.plan.lines()[: len(result.plan.before)]))
+    if not result.ok:
+        raise click.ClickException(f"{len(result.failures)} of {len(result.plan.moves)} moves failed; the others are done (see above)")

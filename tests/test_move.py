@@ -406,3 +406,27 @@ def test_ddl_ledger_travels_with_the_shard(config: Config, config_file: Path, tm
     res = runner.invoke(main, ["--config", str(config_file), "apply-ddl", str(schema)])
     assert res.exit_code == 0, res.output
     assert "db3: up to date" in res.output, res.output
+
+
+def test_rebalance_onto_a_new_database(config: Config, config_file: Path) -> None:
+    setup_shards(config, rows=30)
+    with psycopg.connect(config.dsn("db2"), autocommit=True) as c:
+        for shard in range(4, 8):
+            c.execute(f"CREATE TABLE shard_{shard}.t (id bigint PRIMARY KEY DEFAULT shard_{shard}.next_id(), v int)")
+            c.execute(f"INSERT INTO shard_{shard}.t (v) SELECT g FROM generate_series(1, 30) g")
+    runner = CliRunner()
+    res = runner.invoke(main, ["--config", str(config_file), "rebalance", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines() == [
+        "db1: 4 shards -> 3 (0-2)", "db2: 4 shards -> 3 (4-6)", "db3: 0 shards -> 2 (3,7)",
+        "move shard 3: db1 -> db3", "move shard 7: db2 -> db3",
+    ]
+    assert leftovers(config.databases) == []  # the dry run changed nothing
+    res = runner.invoke(main, ["--config", str(config_file), "rebalance", "--parallel", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    m = read_map(config)
+    assert m.ok and {n: len(s) for n, s in m.databases.items()} == {"db1": 3, "db2": 3, "db3": 2}
+    assert len(rows_of(config.dsn("db3"), "shard_3")) == 30 and len(rows_of(config.dsn("db3"), "shard_7")) == 30
+    assert leftovers(config.databases) == []
+    res = runner.invoke(main, ["--config", str(config_file), "rebalance", "--dry-run"])
+    assert res.output.splitlines()[-1] == "nothing to do: the shards are spread evenly"

@@ -7,6 +7,7 @@
 - verify.py    per-table row counts and checksums
 - cleanup.py   --verify afterwards, and --cleanup of the retired source copy
 - plan.py      --dry-run
+- rebalance.py pgidgen rebalance: even spread, several moves at once
 """
 from __future__ import annotations
 

@@ -384,7 +384,7 @@ class Mover:
     def step_prepare(self) -> None:
         ensure_catalog(self.tgt, self.ctx.target, self.config, layout=self.ctx.layout, shard_count=self.ctx.shard_count)
         with self.admin.transaction():
-            if not self.admin.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", (LOCK_CLASS, DDL_LOCK)).fetchone()[0]:  # type: ignore[index]
+            if not self.admin.execute("SELECT pg_try_advisory_xact_lock_shared(%s, %s)", (LOCK_CLASS, DDL_LOCK)).fetchone()[0]:  # type: ignore[index]
                 raise MoveError(f"pgidgen apply-ddl is changing shards in database {self.ctx.source}",
                                 hint=f"wait for it to finish, then 'pgidgen move-shard --resume {self.ctx.shard}'")
             self.admin.execute(q.source_moving_sql(self.ctx.shard))

@@ -47,7 +47,7 @@ def render_plan(
     steps: list[PlannedStep] = [
         PlannedStep("prepare", target, "install or upgrade the pgidgen catalog" + ("" if target_has_catalog else " (the target has none yet)")),
         PlannedStep("prepare", source, "journal the move (pgidgen.moves) and mark the shard moving; it is still served here",
-                    q.source_moving_sql(shard), ["session advisory lock (pgidgen, -16777216 - shard): one mover per shard", "advisory xact lock (pgidgen, -4): not while apply-ddl runs"]),
+                    q.source_moving_sql(shard), ["session advisory lock (pgidgen, -16777216 - shard): one mover per shard", "shared advisory xact lock (pgidgen, -4): not while apply-ddl runs"]),
         PlannedStep("schema", target, f"create {schema} from pg_dump --section=pre-data --schema={schema} of {source}"
                     " (tables, functions, sequences, grants; indexes and constraints come after the rows), in one transaction",
                     q.target_row_sql(shard, schema)),
