@@ -430,3 +430,55 @@ def test_rebalance_onto_a_new_database(config: Config, config_file: Path) -> Non
     assert leftovers(config.databases) == []
     res = runner.invoke(main, ["--config", str(config_file), "rebalance", "--dry-run"])
     assert res.output.splitlines()[-1] == "nothing to do: the shards are spread evenly"
+
+
+def test_target_server_restarted_mid_move_then_resume(config: Config, pg_servers: list[Any]) -> None:
+    from pgidgen import sandbox
+
+    target = next(s for s in pg_servers if s.name == "db3")
+    if target.server is None:
+        pytest.skip("needs a sandbox server it may restart")
+    setup_shards(config, rows=50)
+
+    def restart(point: str) -> None:
+        if point == "catchup":
+            sandbox.restart(target.server, mode="immediate")
+
+    with pytest.raises(MoveError, match="database error during step catchup"):
+        move_shard(config, 1, "db3", hook=restart)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("INSERT INTO shard_1.t (v) VALUES (-3)")  # written while the move is stopped: carried over on resume
+    expected = rows_of(config.dsn("db1"), "shard_1")
+    report = resume_move(config, 1)
+    assert report.status == "done" and report.verification is not None and report.verification.ok
+    assert rows_of(config.dsn("db3"), "shard_1") == expected
+    assert leftovers(config.databases) == []
+
+
+def test_cutover_that_cannot_fit_max_pause_leaves_the_source_serving(config: Config) -> None:
+    setup_shards(config, rows=10)
+    held = psycopg.connect(config.dsn("db1"))
+
+    def long_writer(point: str) -> None:  # a long transaction with a write pending on the shard, from the cutover on
+        if point == "cutover":
+            held.execute("INSERT INTO shard_1.t (v) VALUES (-9)")
+
+    try:
+        with pytest.raises(MoveError) as info:
+            move_shard(config, 1, "db3", options=MoveOptions(max_pause=0.2, attempts=2), hook=long_writer)
+        assert str(info.value) == (
+            "shard 1 did not move: the shard's tables could not be locked within --max-pause 200 ms (long transactions on them?)"
+            " (2 attempts) (db1): the source keeps serving it; retry with 'pgidgen move-shard --resume 1' (perhaps with a larger"
+            " --max-pause, or when writes are lighter) or undo with --rollback 1"
+        )
+        assert state_of(config.dsn("db1"), 1) == ("moving", "shard_1")  # still served by db1
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+            c.execute("INSERT INTO shard_1.tags (tag) VALUES ('still writable')")
+        held.commit()
+    finally:
+        held.close()
+    report = resume_move(config, 1)
+    assert report.status == "done" and report.verification is not None and report.verification.ok
+    assert -9 in {r[1] for r in rows_of(config.dsn("db3"), "shard_1")}
+    assert "still writable" in {r[0] for r in rows_of(config.dsn("db3"), "shard_1", "tags")}
+    assert leftovers(config.databases) == []

@@ -325,7 +325,7 @@ class Mover:
                 getattr(self, "step_" + step)()
             self.journal.finish("done")
         except CutoverAborted as e:
-            self.journal.start("catchup")
+            self.journal.start("cutover" if self.opts.offline else "catchup")
             self.journal.fail("cutover", str(e))
             raise MoveError(
                 f"shard {self.ctx.shard} did not move: {e}", where=self.ctx.source,
