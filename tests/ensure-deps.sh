@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what pgidgen's tests and demo need from Debian's packages when it is missing:
-# PostgreSQL's server programs and libfaketime. Needs root (or passwordless sudo) only when something is missing.
+# PostgreSQL's server programs, libfaketime, and spin (with gcc) for the model check. Needs root (or passwordless sudo) only when something is missing.
 set -euo pipefail
 have_pg() {
   command -v pg_ctl >/dev/null 2>&1 && command -v initdb >/dev/null 2>&1 && return 0
@@ -12,6 +12,8 @@ need=()
 have_pg || need+=(postgresql postgresql-client)
 have_faketime || need+=(faketime)
 command -v runuser >/dev/null 2>&1 || need+=(util-linux)
+command -v spin >/dev/null 2>&1 || need+=(spin)   # the model check of next_id (tests/test_next_id_model.py)
+command -v gcc >/dev/null 2>&1 || need+=(gcc)
 [ ${#need[@]} -eq 0 ] && exit 0
 SUDO=""
 if [ "$(id -u)" != 0 ]; then
