@@ -52,8 +52,11 @@ ShardKey = Callable[[Any, int], int]
 #: Raised by pgidgen.claim_shard() when the database does not serve the shard.
 NOT_SERVED = "PGR01"
 #: Errors a move can cause in a routed transaction: the map is checked again before one is blamed on it.
-MOVE_SYMPTOMS = frozenset({NOT_SERVED, "3F000", "42P01", "42883", "40001", "40P01", "55P03", "57P01"})
+MOVE_SYMPTOMS = frozenset({NOT_SERVED, "3F000", "42P01", "42883", "25006", "40001", "40P01", "55P03", "57P01"})
 SERVING = ("active", "moving")
+VERSION_SQL = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM pgidgen.map_version"
+HAS_VERSION_SQL = "SELECT to_regclass('pgidgen.map_version') IS NOT NULL"
+NO_CATALOG = -1
 APPLICATION_NAME = "pgidgen-router"
 
 
@@ -159,12 +162,11 @@ def read_catalogs(config: Config) -> tuple[dict[str, CatalogState], dict[str, in
     def work(name: str) -> tuple[CatalogState, int]:
         conn = connect(name, config.dsn(name), autocommit=True)
         try:
-            version = 0
-            st = read_state(conn)  # version is read after: a flip in between only causes one more reload
-            if st.has_catalog:
-                row = conn.execute("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM pgidgen.map_version").fetchone()
+            version = NO_CATALOG
+            if conn.execute(HAS_VERSION_SQL).fetchone() == (True,):
+                row = conn.execute(VERSION_SQL).fetchone()  # before the catalog: a change in between re-reads
                 version = int(row[0]) if row else 0
-            return st, version
+            return read_state(conn), version
         except psycopg.Error as e:
             raise DatabaseError(f"database {name} failed while reading the shard map: {pg_message(e)}") from None
         finally:
@@ -220,7 +222,8 @@ class Router:
         self._map: RoutingMap | None = None
         self._paths: dict[int, str] = {}
         self._stale = True
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one map reader at a time
+        self._pool_lock = threading.Lock()
         self._pools: dict[str, ConnectionPool] = {}
         self._closed = False
         self._stop = threading.Event()
@@ -243,7 +246,7 @@ class Router:
         self._stop.set()
         for t in self._listeners:
             t.join(timeout=5)
-        with self._lock:
+        with self._pool_lock:
             pools, self._pools = list(self._pools.values()), {}
         for p in pools:
             p.close()
@@ -255,15 +258,24 @@ class Router:
         self._stale = True
 
     def routing_map(self) -> RoutingMap:
-        """The current snapshot, re-read first if a move announced itself, a route was stale, or max_age passed."""
+        """The current snapshot, re-read first if a move announced itself, a route was stale, or (max_age)
+        a database's pgidgen.map_version moved. While one thread re-reads it, the others keep routing by the
+        previous snapshot: the claim, not the map, is what keeps writes in the right place."""
         m = self._map
         if m is not None and not self._stale and (self.max_age is None or time.monotonic() - m.loaded_at < self.max_age):
             return m
-        with self._lock:
+        if not self._lock.acquire(blocking=m is None):
+            return m  # type: ignore[return-value]  # m is not None here: someone else is re-reading
+        try:
             if self._closed:
                 raise RoutingError("this Router is closed", hint="create a new one")
             m = self._map
-            if m is None or self._stale or (self.max_age is not None and time.monotonic() - m.loaded_at >= self.max_age):
+            if m is not None and not self._stale and self.max_age is not None and time.monotonic() - m.loaded_at >= self.max_age:
+                if not self._versions_moved(m):
+                    m.loaded_at = time.monotonic()
+                    return m
+                self._stale = True
+            if m is None or self._stale:
                 if self._listen and not self._listeners:
                     self._start_listeners()
                 self._stale = False  # before reading: a NOTIFY during the read marks it stale again
@@ -276,6 +288,28 @@ class Router:
                 self._map = m
                 self.stats["map_loads"] += 1
             return m
+        finally:
+            self._lock.release()
+
+    def _versions_moved(self, m: RoutingMap) -> bool:
+        """Whether any database's pgidgen.map_version differs from the snapshot's (one tiny query each, on the
+        pools). The sequence moves when the map changes, before that change commits: a poll in between keeps
+        the old map with the new version, and the first write there gets ShardMovedError and re-reads it."""
+        for name in self.config.select(None):
+            if name not in m.versions:
+                return True  # unreachable at the last read: read everything again
+            try:
+                with self._connection(name) as conn:
+                    if m.versions[name] == NO_CATALOG:
+                        if conn.execute(HAS_VERSION_SQL).fetchone() == (True,):
+                            return True
+                        continue
+                    row = conn.execute(VERSION_SQL).fetchone()
+            except (psycopg.Error, PgidgenError):
+                return True
+            if row is None or int(row[0]) != m.versions[name]:
+                return True
+        return False
 
     @property
     def shard_count(self) -> int:
@@ -462,7 +496,7 @@ class Router:
         pool = self._pools.get(name)
         if pool is not None:
             return pool
-        with self._lock:
+        with self._pool_lock:
             if self._closed:
                 raise RoutingError("this Router is closed", hint="create a new one")
             pool = self._pools.get(name)

@@ -330,6 +330,19 @@ def test_listen_refreshes_the_map_without_a_failed_attempt(sharded: Config) -> N
         assert router.stats["moved"] == 0
 
 
+def test_max_age_polls_map_versions_without_listening(sharded: Config) -> None:
+    with Router(sharded, listen=False, max_age=0.05) as router:
+        assert router.database_for(3) == "db1"
+        loads = router.stats["map_loads"]
+        time.sleep(0.1)
+        assert router.database_for(3) == "db1" and router.stats["map_loads"] == loads  # versions unchanged: no re-read
+        hand_move(sharded, 3, "db1", "db3")  # db3 gets its first catalog, db1's version moves
+        time.sleep(0.1)
+        assert router.database_for(3) == "db3" and router.stats["map_loads"] == loads + 1
+        router.run(3, insert(3))
+        assert router.stats["moved"] == 0
+
+
 def test_a_shard_between_databases_is_unavailable_then_routed(router: Router, sharded: Config) -> None:
     seen: dict[str, Any] = {}
 
