@@ -150,9 +150,12 @@ def cmd_write(app: PhotoApp, user: int, seconds: float) -> int:
     shard = r.shard_for(user)
     before = r.database_for(shard)
     written: list[int] = []
+    slowest = 0.0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        t0 = time.monotonic()
         written.append(app.add_photo(user, f"photo {len(written)}"))
+        slowest = max(slowest, time.monotonic() - t0)
     missing = [i for i in written if app.photo(i) is None]
     after = r.database_for(shard)
     out = {
@@ -164,6 +167,7 @@ def cmd_write(app: PhotoApp, user: int, seconds: float) -> int:
         "duplicates": len(written) - len(set(written)),
         "increasing": written == sorted(written),
         "missing": len(missing),
+        "slowest_write_ms": round(slowest * 1000, 1),
         "moved_errors_retried": r.stats["moved"],
         "map_loads": r.stats["map_loads"],
     }

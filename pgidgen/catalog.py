@@ -31,7 +31,9 @@ class CatalogState:
         return {s for s, st in self.shards.items() if st in ("active", "moving")}
 
 
-def read_state(conn: psycopg.Connection[Any]) -> CatalogState:
+def read_state(conn: psycopg.Connection[Any], *, schemas: bool = True) -> CatalogState:
+    """schemas=False skips the scan of shard schemas (shard_schemas, complete stay empty): what routers need,
+    ~1 ms instead of ~100 ms for 2000 shards."""
     st = CatalogState(server_version=conn.info.server_version)
     row = conn.execute(
         "SELECT n.oid, (SELECT c.oid FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'layout' AND c.relkind = 'r'),"
@@ -51,6 +53,8 @@ def read_state(conn: psycopg.Connection[Any]) -> CatalogState:
             st.shard_count = lay[4]
             st.generator = lay[5]
         st.shards = {int(s): str(state) for s, state in conn.execute("SELECT shard, state FROM pgidgen.shards")}
+    if not schemas:
+        return st
     for (name, complete) in conn.execute(
         """
         SELECT n.nspname,

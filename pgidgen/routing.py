@@ -156,21 +156,32 @@ def build_routes(
     return m
 
 
-def read_catalogs(config: Config) -> tuple[dict[str, CatalogState], dict[str, int], dict[str, str]]:
-    """Every configured database's catalog (in parallel): states, map versions, and what was unreachable."""
+@contextmanager
+def fresh_connection(config: Config, name: str) -> Iterator[psycopg.Connection[Any]]:
+    conn = connect(name, config.dsn(name), autocommit=True)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def read_catalogs(
+    config: Config, *, connection: Callable[[str], Any] | None = None
+) -> tuple[dict[str, CatalogState], dict[str, int], dict[str, str]]:
+    """Every configured database's map rows and layout (in parallel; not the schema scan `pgidgen map` does):
+    states, map versions, and what was unreachable. connection(name): a context manager yielding an autocommit
+    connection (a router's pools); a new connection each by default."""
 
     def work(name: str) -> tuple[CatalogState, int]:
-        conn = connect(name, config.dsn(name), autocommit=True)
-        try:
-            version = NO_CATALOG
-            if conn.execute(HAS_VERSION_SQL).fetchone() == (True,):
-                row = conn.execute(VERSION_SQL).fetchone()  # before the catalog: a change in between re-reads
-                version = int(row[0]) if row else 0
-            return read_state(conn), version
-        except psycopg.Error as e:
-            raise DatabaseError(f"database {name} failed while reading the shard map: {pg_message(e)}") from None
-        finally:
-            conn.close()
+        with (connection or (lambda n: fresh_connection(config, n)))(name) as conn:
+            try:
+                version = NO_CATALOG
+                if conn.execute(HAS_VERSION_SQL).fetchone() == (True,):
+                    row = conn.execute(VERSION_SQL).fetchone()  # before the catalog: a change in between re-reads
+                    version = int(row[0]) if row else 0
+                return read_state(conn, schemas=False), version
+            except psycopg.Error as e:
+                raise DatabaseError(f"database {name} failed while reading the shard map: {pg_message(e)}") from None
 
     states: dict[str, CatalogState] = {}
     versions: dict[str, int] = {}
@@ -280,7 +291,7 @@ class Router:
                     self._start_listeners()
                 self._stale = False  # before reading: a NOTIFY during the read marks it stale again
                 try:
-                    states, versions, unreachable = read_catalogs(self.config)
+                    states, versions, unreachable = read_catalogs(self.config, connection=self._map_connection)
                     m = build_routes(self.config, states, versions, unreachable, previous=self._map)
                 except PgidgenError:
                     self._stale = True
@@ -290,6 +301,14 @@ class Router:
             return m
         finally:
             self._lock.release()
+
+    def _map_connection(self, name: str) -> Any:
+        """The pool for a database that answered last time (a re-read costs ~1 ms), a new connection otherwise
+        (one that is down fails at once instead of waiting pool_timeout)."""
+        m = self._map
+        if m is not None and name in m.versions:
+            return self._connection(name)
+        return fresh_connection(self.config, name)
 
     def _versions_moved(self, m: RoutingMap) -> bool:
         """Whether any database's pgidgen.map_version differs from the snapshot's (one tiny query each, on the
