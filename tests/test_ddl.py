@@ -279,3 +279,22 @@ def test_name_option_records_under_that_name(sharded: Config, config_file: Path,
     assert cli(config_file, "apply-ddl", str(schema_file), "--shards", "6").output == (
         "Error: --shards is only used with --sql: apply-ddl applies to the shards the databases hold\n"
     )
+
+
+def test_waits_for_the_ddl_lock_then_says_who_holds_it(
+    sharded: Config, config_file: Path, schema_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgidgen.ddl import apply as apply_mod
+    from pgidgen.ddl.ledger import DDL_LOCK
+    from pgidgen.idgen import LOCK_CLASS
+
+    monkeypatch.setattr(apply_mod, "LOCK_WAIT_S", 1)
+    with psycopg.connect(sharded.databases["db2"], autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, DDL_LOCK))
+        res = cli(config_file, "apply-ddl", str(schema_file))
+    assert res.output == (
+        "Error: another pgidgen apply-ddl, init or move-shard is changing shards in database db2: wait for it to finish, then run again\n"
+    )
+    assert tables(sharded, "db1", 0) == []
+    for _ in range(3):  # back to back: each run releases the lock before the next takes it
+        assert cli(config_file, "apply-ddl", str(schema_file)).exit_code == 0
