@@ -74,6 +74,12 @@ def one_size(rows: int, dsn1: str, dsn2: str) -> None:
     row("write pause reported by move-shard", report.pause_ms or 0.0, "ms")
     row("longest gap between acknowledged writes", writer.max_gap * 1000, "ms")
     table([("writes during the move", f"{len(writer.ids):,} ({len(writer.errors)} rejected by the old copy and re-routed)")])
+    with psycopg.connect(src, autocommit=True) as c:
+        marks = c.execute(
+            "SELECT step, min(at) FROM pgidgen.move_log WHERE move_id = %s AND event IN ('start', 'done') GROUP BY step ORDER BY 2",
+            (report.move_id,)).fetchall()
+    phases = [(a[0], (b[1] - a[1]).total_seconds()) for a, b in zip(marks, marks[1:])]
+    table([("phases (s)", ", ".join(f"{step} {secs:.2f}" for step, secs in phases))])
     for name in (f"src_{tag}",):
         with psycopg.connect(dsn1, autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

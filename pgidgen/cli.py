@@ -417,7 +417,7 @@ class _CopyBar(Bar):
             self.start(p.rows_total)
         if self._bar is not None:
             lag = "?" if p.lag_bytes is None else f"{p.lag_bytes / 1e6:.1f} MB"
-            self._bar.label = f"{self.label}: {p.tables_ready}/{p.tables_total} tables, {p.bytes_copied / 1e6:.0f} MB in flight, lag {lag}"
+            self._bar.label = f"{self.label}: {p.tables_ready}/{p.tables_total} tables, {p.bytes_copied / 1e6:.0f} MB, WAL held {lag}"
             self._bar.update(p.rows_copied - self._bar.pos)
 
 

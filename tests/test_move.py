@@ -211,7 +211,7 @@ def test_dry_run_changes_nothing(config: Config, config_file: Path) -> None:
     res = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "1", "db3", "--dry-run"])
     assert res.exit_code == 0, res.output
     out = res.output
-    for needle in ("[schema] on db3", "CREATE PUBLICATION \"pgidgen_move_1_<token>\" FOR TABLE \"shard_1\".\"t\", \"shard_1\".\"tags\"",
+    for needle in ("[copy] on db1 -> db3", "CREATE PUBLICATION \"pgidgen_move_1_<token>\" FOR TABLE \"shard_1\".\"t\", \"shard_1\".\"tags\"",
                    "LOCK TABLE ONLY \"shard_1\".\"t\", ONLY \"shard_1\".\"tags\" IN EXCLUSIVE MODE",
                    "lock: EXCLUSIVE on 2 tables", "ALTER SCHEMA \"shard_1\" RENAME TO", "pgidgen.advance_generator(1,",
                    "DROP SUBSCRIPTION", "hash_record_extended"):

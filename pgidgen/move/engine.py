@@ -101,7 +101,7 @@ class MoveReport:
             if self.pause_ms is not None:
                 out.append(f"write pause: {self.pause_ms:.0f} ms (cutover attempts: {self.attempts})")
             if self.skew_ms is not None:
-                out.append(f"clock skew {self.target} - {self.source}: {self.skew_ms:+.0f} ms (accounted for in the ID generator)")
+                out.append(f"clock skew {self.target} - {self.source}: {round(self.skew_ms):+d} ms (accounted for in the ID generator)")
             if self.retired_schema:
                 out.append(f"the source copy is kept read-only as {self.source}.{self.retired_schema}; drop it with 'pgidgen move-shard --cleanup {self.shard}'")
         elif self.status == "rolled_back":
@@ -458,11 +458,14 @@ class Mover:
         return int(row[0]) if row else 0
 
     def step_copy(self) -> None:
-        """The rows: a slot whose exported snapshot pg_dump copies at, so the subscription (copy_data = false)
-        streams exactly the changes after it. Rows first, then indexes and constraints (pg_dump's data and
-        post-data sections, one restore transaction): as fast as pg_dump | psql, which it is."""
+        """The shard: a slot whose exported snapshot pg_dump copies at, so the subscription (copy_data = false)
+        streams exactly the changes after it. Schema, rows, then indexes and constraints, and the target's
+        'incoming' row, in one restore transaction: as fast as pg_dump | psql, which it is."""
         if self.resumed_step == "copy":
             self._reset_copy()
+        row0 = self._target_row()
+        if row0 is not None:
+            raise ConflictError(f"database {self.ctx.target} holds shard {self.ctx.shard} as {row0[0]}", hint="see 'pgidgen map'")
         repl = connect(self.ctx.source, self.config.dsn(self.ctx.source), autocommit=True, replication="database")
         try:
             cur = psycopg.ClientCursor(repl)
@@ -474,7 +477,7 @@ class Mover:
             row = cur.fetchone()
             assert row is not None
             self.journal.note("copy", consistent_point=str(row[1]))
-            self._dump_restore(("data", "post-data"), snapshot=str(row[2]))
+            self._dump_restore((), snapshot=str(row[2]), then=q.target_row_sql(self.ctx.shard, self.ctx.schema, reset_offset=False))
         finally:
             repl.close()
 
@@ -484,9 +487,10 @@ class Mover:
         with self.tgt.transaction():
             self.tgt.execute(f"DROP SCHEMA IF EXISTS {q.ident(self.ctx.schema)} CASCADE")
             self.tgt.execute("DELETE FROM pgidgen.shards WHERE shard = %s AND state = 'incoming'", (self.ctx.shard,))
-        self.step_schema()
 
-    def _dump_restore(self, sections: tuple[str, ...], *, snapshot: str | None = None) -> None:
+    def _dump_restore(self, sections: tuple[str, ...], *, snapshot: str | None = None, then: str = "") -> None:
+        """pg_dump of the shard (the given sections, or all) piped into one psql transaction on the target,
+        followed by `then` in the same transaction."""
         pg_dump, psql = _tool("pg_dump"), _tool("psql")
         argv = [pg_dump, f"--schema={self.ctx.schema}", *(f"--section={x}" for x in sections), "--no-publications",
                 "--no-subscriptions", "--no-tablespaces", "--no-security-labels", "-d", self.config.dsn(self.ctx.source)]
@@ -495,11 +499,13 @@ class Mover:
         est = {t.name: t.est_rows for t in self.ctx.tables}
         total = sum(est.values())
         seen: dict[str, int] = {}
+        nbytes_seen: dict[str, int] = {}
         with tempfile.TemporaryFile() as dump_err, tempfile.TemporaryFile() as restore_err:
-            dump = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=dump_err)
+            dump = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=dump_err, preexec_fn=_die_with_parent)
             restore = subprocess.Popen(
-                [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-d", self.config.dsn(self.ctx.target)],
-                stdin=dump.stdout, stdout=subprocess.DEVNULL, stderr=restore_err,
+                [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-d", self.config.dsn(self.ctx.target),
+                 "-f", "-", *(["-c", then] if then else [])],
+                stdin=dump.stdout, stdout=subprocess.DEVNULL, stderr=restore_err, preexec_fn=_die_with_parent,
             )
             assert dump.stdout is not None
             dump.stdout.close()
@@ -510,8 +516,9 @@ class Mover:
                         " WHERE p.datid = (SELECT oid FROM pg_database WHERE datname = current_database())"
                     ):
                         seen[rel] = max(seen.get(rel, 0), int(tuples))
+                        nbytes_seen[rel] = max(nbytes_seen.get(rel, 0), int(nbytes))
                     done = sum(seen.values())
-                    self.progress(CopyProgress(len(seen), len(self.ctx.tables), min(done, total), total, 0, self._lag()))
+                    self.progress(CopyProgress(len(seen), len(self.ctx.tables), min(done, total), total, sum(nbytes_seen.values()), self._lag()))
                 time.sleep(0.1)
             dump_rc = dump.wait()
             dump_err.seek(0)
@@ -523,7 +530,7 @@ class Mover:
                 raise MoveError(f"restoring {self.ctx.schema} into {self.ctx.target} failed: {scrub(_last_line(restore_err.read().decode()))}",
                                 hint=self._next_hint(self.rec.step))
         if self.progress is not None:
-            self.progress(CopyProgress(len(self.ctx.tables), len(self.ctx.tables), total, total, 0, self._lag()))
+            self.progress(CopyProgress(len(self.ctx.tables), len(self.ctx.tables), total, total, sum(nbytes_seen.values()), self._lag()))
 
     def _lag(self) -> int | None:
         row = self.admin.execute(
@@ -604,7 +611,7 @@ class Mover:
         tables = [q.TableRef(schema, t.name) for t in self.ctx.tables]
         budget = self.opts.max_pause
         src = connect(self.ctx.source, self.config.dsn(self.ctx.source))
-        snap: psycopg.Connection[Any] | None = None
+        snap: psycopg.Connection[Any] | None = connect(self.ctx.target, self.config.dsn(self.ctx.target))  # before the pause
         committed = False
         try:
             t_start = time.perf_counter()
@@ -627,7 +634,7 @@ class Mover:
             elif not self._beat(deadline):
                 src.rollback()
                 raise CutoverAborted(f"the target did not catch up within --max-pause {budget * 1000:.0f} ms")
-            snap = connect(self.ctx.target, self.config.dsn(self.ctx.target))
+            assert snap is not None
             snap.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             snap.execute("SELECT 1 FROM pgidgen.shards LIMIT 1")  # the snapshot: the target at the cutover point
             self._point("cutover:frozen")
@@ -793,6 +800,17 @@ def measure_skew(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], rou
             best = (skew, unc)
     assert best is not None
     return best
+
+
+def _die_with_parent() -> None:
+    """In pg_dump/psql children: a mover killed with -9 takes them along, so no restore commits behind its back."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _tool(name: str) -> str:

@@ -48,16 +48,18 @@ def render_plan(
         PlannedStep("prepare", target, "install or upgrade the pgidgen catalog" + ("" if target_has_catalog else " (the target has none yet)")),
         PlannedStep("prepare", source, "journal the move (pgidgen.moves) and mark the shard moving; it is still served here",
                     q.source_moving_sql(shard), ["session advisory lock (pgidgen, -16777216 - shard): one mover per shard", "shared advisory xact lock (pgidgen, -4): not while apply-ddl runs"]),
-        PlannedStep("schema", target, f"create {schema} from pg_dump --section=pre-data --schema={schema} of {source}"
-                    " (tables, functions, sequences, grants; indexes and constraints come after the rows), in one transaction",
-                    q.target_row_sql(shard, schema)),
     ]
-    if not options.offline:
+    if options.offline:
+        steps.append(PlannedStep("schema", target, f"create {schema} from pg_dump --section=pre-data --schema={schema} of {source}"
+                                 " (tables, functions, sequences, grants; indexes and constraints come after the rows), in one transaction",
+                                 q.target_row_sql(shard, schema)))
+    else:
         steps += [
             PlannedStep("publication", source, "publish the shard's tables and this move's heartbeat row", q.publication_sql(names, refs)),
-            PlannedStep("copy", source, "a logical slot exporting a snapshot (replication connection), then the rows at that snapshot:"
-                        f" pg_dump --snapshot=<snapshot> --schema={schema} --section=data --section=post-data | psql --single-transaction"
-                        " into the target (rows, then indexes and constraints)", q.slot_sql(names) + ";\n"),
+            PlannedStep("copy", f"{source} -> {target}", "a logical slot exporting a snapshot (replication connection), then the shard at"
+                        f" that snapshot: pg_dump --snapshot=<snapshot> --schema={schema} | psql --single-transaction into the target"
+                        " (schema, rows, then indexes and constraints), with the target's catalog row in the same transaction",
+                        q.slot_sql(names) + ";\n" + q.target_row_sql(shard, schema, reset_offset=False)),
             PlannedStep("subscription", target, "subscribe without copying: apply streams every change after the snapshot",
                         q.subscription_sql(names, config.dsn(source), show=True)),
             PlannedStep("catchup", source, "heartbeats until one arrives within half of --max-pause; measure the clock skew",

@@ -53,12 +53,13 @@ class Names:
 # -- target preparation --------------------------------------------------------------------------------
 
 
-def target_row_sql(shard: int, schema: str) -> str:
-    """The target's catalog row while it fills: 'incoming' is served by nobody (see the shard-map contract)."""
-    return (
-        f"INSERT INTO pgidgen.shards (shard, schema_name, state) VALUES ({shard}, {literal(schema)}, 'incoming');\n"
-        f"SELECT pg_catalog.setval({literal(ident(schema) + '.pgidgen_offset')}, 0, true);\n"
-    )
+def target_row_sql(shard: int, schema: str, *, reset_offset: bool = True) -> str:
+    """The target's catalog row while it fills: 'incoming' is served by nobody (see the shard-map contract).
+    A schema-only copy has a fresh offset sequence, which next_id() and last_id() need to read 0, not NULL."""
+    text = f"INSERT INTO pgidgen.shards (shard, schema_name, state) VALUES ({shard}, {literal(schema)}, 'incoming');\n"
+    if reset_offset:
+        text += f"SELECT pg_catalog.setval({literal(ident(schema) + '.pgidgen_offset')}, 0, true);\n"
+    return text
 
 
 def source_moving_sql(shard: int) -> str:
