@@ -1,5 +1,6 @@
 """routing: a write and a read through Router.run (claim_shard + search_path, pooled) vs the same SQL on a plain
-psycopg connection to the right database; 1 and 4 threads on one shard (the row lock is shared by all writers)."""
+psycopg connection to the right database; 1 and 4 threads on one shard (the row lock is shared by all writers);
+and re-reading the map after a move, against the full catalog read of `pgidgen map`."""
 from __future__ import annotations
 
 import os
@@ -10,14 +11,16 @@ from typing import Any, Callable
 
 import psycopg
 
-from common import row, section, servers, table
+from common import row, section, servers, timed
 
 from pgidgen.config import Config
 from pgidgen.init import init
 from pgidgen.layout import Layout
 from pgidgen.routing import Router
+from pgidgen.shardmap import read_map
 
 SHARDS = 16
+BIG = int(os.environ.get("BENCH_ROUTING_SHARDS", "2000"))
 N = int(os.environ.get("BENCH_ROUTING_N", "1000"))
 ROUNDS = int(os.environ.get("BENCH_RUNS", "3"))
 THREADS = 4
@@ -93,8 +96,20 @@ def run() -> None:
                 row(f"{threads} thread(s): plain psycopg read", base_r, "us")
                 row(f"{threads} thread(s): Router.run read_only", routed_r, "us", base_r, "of plain")
             row("shard_for + database_for (cached map)", per_op(1, N * 10, routed_locate), "us")
-            t0 = time.perf_counter()
-            for _ in range(5):
+
+        section(f"re-reading the map after a move: {BIG} shards on one database, median of {ROUNDS * 3} (ms)")
+        big = Config(layout=Layout.make(), databases={"db1": srv[0].dsn.rsplit("/", 1)[0] + "/big"})
+        with psycopg.connect(srv[0].dsn, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE big")
+        assert all(o.ok for o in init(big, BIG, ["db1"]))
+        with Router(big, listen=False) as router:
+            router.routing_map()
+
+            def reread() -> None:
                 router.invalidate()
                 router.routing_map()
-            table([("re-reading the map (16 shards, one database)", f"{(time.perf_counter() - t0) / 5 * 1000:.1f} ms")])
+
+            full = statistics.median(timed(lambda: read_map(big)) for _ in range(ROUNDS * 3)) * 1000
+            rows = statistics.median(timed(reread) for _ in range(ROUNDS * 3)) * 1000
+            row("pgidgen map's read (new connection, schema scan)", full, "ms")
+            row("Router re-read (pooled, map rows only)", rows, "ms", full, "of pgidgen map's read")
