@@ -19,12 +19,14 @@ UPDATE-ing that row, and an UPDATE waits for every FOR SHARE holder. So on any o
   flip carries them over (the move's side of the contract);
 - a transaction that starts after the flip (or waited on the flipping UPDATE) sees 'retired' (READ
   COMMITTED re-reads the updated row; REPEATABLE READ fails with 40001) and writes nothing;
-- a transaction that slipped past a claim some other way finds the schema renamed (3F000/42P01): the helper
-  re-reads the row before blaming the move, so a genuinely missing table is still reported as such.
+- a statement that reaches the old copy some other way finds the schema renamed (3F000/42P01) or, by its new
+  name, move-shard's always-on trigger refusing writes (25006): the helper re-reads the row before blaming the
+  move, so a genuinely missing table is still reported as such.
 The error is ShardMovedError (retryable); `Router.run` re-reads the map and runs the work again on the database
-that serves the shard now. The move should take the row lock (UPDATE or SELECT ... FOR UPDATE of the shard's
-row) before it blocks the shard's tables, in the same order as routed transactions, or a routed writer caught
-between the two is cancelled by the deadlock detector (still nothing written in the wrong place).
+that serves the shard now. move-shard's cutover takes the row lock (SELECT ... FOR UPDATE of the shard's row)
+before it blocks the shard's tables, the same order as routed transactions; in the other order a routed writer
+caught between the two would be cancelled by the deadlock detector (still nothing written in the wrong place).
+Reads (read_only=True) skip the row lock: a read that overlaps the flip reads the old copy as of the flip.
 """
 from __future__ import annotations
 
