@@ -433,10 +433,12 @@ class _CopyBar(Bar):
 @click.option("--cleanup", is_flag=True, help="Drop the retired read-only source copy of SHARD.")
 @click.option("--drop-source", is_flag=True, help="Drop the source copy right after a verified move.")
 @click.option("--verify-in-pause", is_flag=True, help="Verify before the flip, inside the write pause (the pause then grows with the shard).")
+@click.option("--subscription-dsn", metavar="CONNINFO", help="How the target server reaches the source (default: the source's DSN from the config).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report, no progress bar.")
 @click.pass_context
 def move_shard_cmd(ctx: click.Context, shard: int, target: str | None, max_pause: str, offline: bool, dry_run: bool, resume: bool,
-                   rollback: bool, verify_only: bool, cleanup: bool, drop_source: bool, verify_in_pause: bool, as_json: bool) -> None:
+                   rollback: bool, verify_only: bool, cleanup: bool, drop_source: bool, verify_in_pause: bool,
+                   subscription_dsn: str | None, as_json: bool) -> None:
     """Move logical SHARD to TARGET_DB online (logical replication), verified and crash-safe."""
     from . import move
 
@@ -446,7 +448,8 @@ def move_shard_cmd(ctx: click.Context, shard: int, target: str | None, max_pause
         raise ConfigError(f"{' and '.join(modes)} cannot be combined", hint="give one of them")
     if not modes and target is None:
         raise ConfigError("TARGET_DB is missing", hint=f"pgidgen move-shard {shard} DB (databases: {', '.join(config.databases)})")
-    opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline, drop_source=drop_source, verify_in_pause=verify_in_pause)
+    opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline, drop_source=drop_source, verify_in_pause=verify_in_pause,
+                            subscription_conninfo=subscription_dsn)
     if dry_run:
         if modes:
             raise ConfigError("--dry-run plans a new move", hint=f"drop {modes[0]}")

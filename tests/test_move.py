@@ -482,3 +482,17 @@ def test_cutover_that_cannot_fit_max_pause_leaves_the_source_serving(config: Con
     assert -9 in {r[1] for r in rows_of(config.dsn("db3"), "shard_1")}
     assert "still writable" in {r[0] for r in rows_of(config.dsn("db3"), "shard_1", "tags")}
     assert leftovers(config.databases) == []
+
+
+def test_verify_in_pause_and_drop_source(config: Config) -> None:
+    setup_shards(config, rows=40)
+    report = move_shard(config, 2, "db3", options=MoveOptions(verify_in_pause=True, drop_source=True))
+    assert report.verification is not None and report.verification.ok
+    assert report.verification.when == "at the cutover point, before the flip"
+    assert report.retired_schema is None and any("dropped the source copy" in n for n in report.notes)
+    assert state_of(config.dsn("db1"), 2) is None
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'shard_2%'").fetchone()[0] == 0
+    assert read_map(config).ok and leftovers(config.databases) == []
+    with pytest.raises(MoveError, match="no database keeps a retired copy of shard 2"):
+        cleanup(config, 2)

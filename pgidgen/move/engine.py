@@ -443,7 +443,7 @@ class Mover:
             except psycopg.Error as e:
                 raise MoveError(
                     f"database {self.ctx.target} could not subscribe to {self.ctx.source}: {pg_message(e)}",
-                    hint="the target server itself must reach the source with the connection string in the config (trust, ~/.pgpass of its OS user, or --subscription-conninfo)",
+                    hint="the target server itself must reach the source with the connection string in the config (trust, ~/.pgpass of its OS user), or pass --subscription-dsn",
                 ) from None
             row = self.tgt.execute("SELECT oid FROM pg_subscription WHERE subname = %s", (self.names.subscription,)).fetchone()
         assert row is not None

@@ -61,7 +61,7 @@ def render_plan(
                         " (schema, rows, then indexes and constraints), with the target's catalog row in the same transaction",
                         q.slot_sql(names) + ";\n" + q.target_row_sql(shard, schema, reset_offset=False)),
             PlannedStep("subscription", target, "subscribe without copying: apply streams every change after the snapshot",
-                        q.subscription_sql(names, config.dsn(source), show=True)),
+                        q.subscription_sql(names, options.subscription_conninfo or config.dsn(source), show=True)),
             PlannedStep("catchup", source, "heartbeats until one arrives within half of --max-pause; measure the clock skew",
                         q.heartbeat_sql(names.token, 0)),
         ]
