@@ -105,6 +105,38 @@ def each_database(names: Sequence[str], work: Callable[[str], T], *, parallel: b
         return {name: f.result() for name, f in futures.items()}
 
 
+def read_each(
+    config: Any,
+    names: Sequence[str],
+    reader: Callable[[psycopg.Connection[Any]], T],
+    *,
+    need: Sequence[str] | None = None,
+) -> tuple[dict[str, T], dict[str, str]]:
+    """reader(conn) on every named database in parallel, each on its own autocommit connection.
+
+    Returns (results, unreachable messages). A database in `need` (default: all of them) that fails raises.
+    """
+
+    def work(name: str) -> T:
+        conn = connect(name, config.dsn(name), autocommit=True)
+        try:
+            return reader(conn)
+        finally:
+            conn.close()
+
+    required = set(names if need is None else need)
+    results: dict[str, T] = {}
+    down: dict[str, str] = {}
+    for name, res in each_database(names, work).items():
+        if isinstance(res, PgidgenError):
+            if name in required:
+                raise res
+            down[name] = res.render()
+        else:
+            results[name] = res
+    return results, down
+
+
 def execute_script(conn: psycopg.Connection[Any], script: str) -> None:
     """Run literal SQL (no parameters): several statements go in one round trip."""
     if script.strip():

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 from .catalog import CatalogState, read_state
 from .config import Config
 from .ddl.ledger import read_history, replay_for_new_shards
-from .db import Outcome, connect, each_database, execute_script, transaction
+from .db import Outcome, each_database, execute_script, read_each, transaction
 from .errors import ConfigError, ConflictError, DatabaseError, PgidgenError
 from .idgen import DEFAULT_GENERATOR, LOCK_CLASS, render_catalog, render_catalog_grants, render_shard, schema_name
 from .layout import Layout
@@ -89,18 +89,7 @@ def render_database(plan: InitPlan, name: str) -> list[str]:
 
 
 def read_all(config: Config, names: Sequence[str]) -> dict[str, CatalogState]:
-    def work(name: str) -> CatalogState:
-        conn = connect(name, config.dsn(name), autocommit=True)
-        try:
-            return read_state(conn)
-        finally:
-            conn.close()
-
-    results = each_database(names, work)
-    for name, res in results.items():
-        if isinstance(res, PgidgenError):
-            raise res
-    return results  # type: ignore[return-value]
+    return read_each(config, names, read_state)[0]
 
 
 def check_layouts(config: Config, states: dict[str, CatalogState], shard_count: int | None) -> None:

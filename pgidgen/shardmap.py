@@ -6,8 +6,7 @@ from typing import Any
 
 from .catalog import CatalogState, read_state
 from .config import Config
-from .db import connect, each_database
-from .errors import PgidgenError
+from .db import read_each
 from .idgen import schema_name
 from .ranges import collapse
 
@@ -41,21 +40,7 @@ class ShardMap:
 def read_map(config: Config) -> ShardMap:
     names = config.select(None)
 
-    def work(name: str) -> CatalogState:
-        conn = connect(name, config.dsn(name), autocommit=True)
-        try:
-            return read_state(conn)
-        finally:
-            conn.close()
-
-    results = each_database(names, work)
-    states: dict[str, CatalogState] = {}
-    unreachable: dict[str, str] = {}
-    for name, res in results.items():
-        if isinstance(res, PgidgenError):
-            unreachable[name] = res.render()
-        else:
-            states[name] = res
+    states, unreachable = read_each(config, names, read_state, need=())
     return build_map(states, unreachable)
 
 

@@ -18,7 +18,7 @@ from pgidgen.catalog import read_state
 from pgidgen.cli import main as cli
 from pgidgen.config import Config
 from pgidgen.db import execute_script
-from pgidgen.errors import DatabaseError, InputError, RoutingError, ShardMovedError, ShardUnavailableError
+from pgidgen.errors import InputError, RoutingError, ShardMovedError, ShardUnavailableError
 from pgidgen.idgen import render_catalog, render_shard, schema_name
 from pgidgen.init import init
 from pgidgen.routing import Router, hashed, modulo

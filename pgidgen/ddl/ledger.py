@@ -199,20 +199,7 @@ def ledger_copy_sql(conn: psycopg.Connection[Any], shard: int) -> str:
 
 def read_history(config: Any, names: Sequence[str]) -> dict[int, FileVersion]:
     """The global DDL history from every named database (init reads it before creating shards)."""
-    from ..db import connect, each_database
-    from ..errors import PgidgenError
+    from ..db import read_each
 
-    def work(name: str) -> DatabaseLedger:
-        conn = connect(name, config.dsn(name), autocommit=True)
-        try:
-            return read_ledger(conn)
-        finally:
-            conn.close()
-
-    results = each_database(names, work)
-    ledgers: dict[str, DatabaseLedger] = {}
-    for name, res in results.items():
-        if isinstance(res, PgidgenError):
-            raise res
-        ledgers[name] = res
+    ledgers, _ = read_each(config, names, read_ledger)
     return merge_history(ledgers)

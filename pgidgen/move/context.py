@@ -11,8 +11,8 @@ import psycopg
 
 from ..catalog import CatalogState, read_state
 from ..config import Config
-from ..db import connect, each_database
-from ..errors import ConfigError, ConflictError, DatabaseError, InputError, PgidgenError
+from ..db import connect, read_each
+from ..errors import ConfigError, ConflictError, DatabaseError, InputError
 from ..idgen import schema_name
 from ..layout import Layout
 from .journal import lock_holder, open_move
@@ -57,25 +57,7 @@ class ShardContext:
 
 def read_states(config: Config, *, need: tuple[str, ...] = ()) -> tuple[dict[str, CatalogState], dict[str, str]]:
     """Every configured database's catalog; those in need must be reachable, the others may be down."""
-
-    def work(name: str) -> CatalogState:
-        conn = connect(name, config.dsn(name), autocommit=True)
-        try:
-            return read_state(conn)
-        finally:
-            conn.close()
-
-    results = each_database(list(config.databases), work)
-    states: dict[str, CatalogState] = {}
-    down: dict[str, str] = {}
-    for name, res in results.items():
-        if isinstance(res, PgidgenError):
-            if name in need:
-                raise res
-            down[name] = res.render()
-        else:
-            states[name] = res
-    return states, down
+    return read_each(config, list(config.databases), read_state, need=need)
 
 
 def check_shard_number(shard: int, states: dict[str, CatalogState]) -> tuple[Layout, int]:
