@@ -28,7 +28,7 @@ from pgidgen.sandbox import Server
 HERE = Path(__file__).resolve().parent
 IDS = int(os.environ.get("BENCH_NEXT_ID_IDS", "1000000"))
 ROUNDS = int(os.environ.get("BENCH_RUNS", "3"))
-PGBENCH_SECONDS = int(os.environ.get("BENCH_PGBENCH_SECONDS", "6"))
+PGBENCH_SECONDS = int(os.environ.get("BENCH_PGBENCH_SECONDS", "5"))
 INDEX_ROWS = int(os.environ.get("BENCH_INDEX_ROWS", "1000000"))
 SESSIONS = (1, 2, 4, 8)
 
@@ -137,13 +137,13 @@ def run() -> None:
             row(f"{n} sessions, next_id, all on shard 1", one / 1e3, "k IDs/s", seq_one / 1e3, "of nextval on one sequence")
             row(f"{n} sessions, next_id, one shard each", spread / 1e3, "k IDs/s", one / 1e3, "of all on one shard")
 
-        section(f"pgbench INSERT throughput, 4 clients, {PGBENCH_SECONDS}s each, best of 2 interleaved runs")
+        section(f"pgbench INSERT throughput, 4 clients, {PGBENCH_SECONDS}s each, best of {ROUNDS} interleaved runs")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE t_next_id (id bigint PRIMARY KEY DEFAULT shard_1.next_id(), v int)")
             conn.execute("CREATE TABLE t_bigserial (id bigserial PRIMARY KEY, v int)")
             conn.execute("CREATE TABLE t_uuid (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), v int)")
         tps = {t: 0.0 for t in ("t_bigserial", "t_next_id", "t_uuid")}
-        for _ in range(2):
+        for _ in range(ROUNDS):
             for t in tps:
                 tps[t] = max(tps[t], pgbench_tps(server, t, tmp))
         for t, label in (("t_bigserial", "bigserial key"), ("t_next_id", "DEFAULT shard_1.next_id() key"), ("t_uuid", "uuid key (gen_random_uuid)")):
