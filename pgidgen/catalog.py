@@ -24,6 +24,7 @@ class CatalogState:
     shards: dict[int, str] = field(default_factory=dict)  # shard -> state
     shard_schemas: set[int] = field(default_factory=set)  # schemas named shard_N that exist
     complete: set[int] = field(default_factory=set)  # shard schemas with both sequences and next_id()
+    cached: set[int] = field(default_factory=set)  # generator sequences with CACHE > 1: IDs could repeat
     server_version: int = 0
 
     @property
@@ -55,12 +56,14 @@ def read_state(conn: psycopg.Connection[Any], *, schemas: bool = True) -> Catalo
         st.shards = {int(s): str(state) for s, state in conn.execute("SELECT shard, state FROM pgidgen.shards")}
     if not schemas:
         return st
-    for (name, complete) in conn.execute(
+    for (name, complete, cached) in conn.execute(
         """
         SELECT n.nspname,
                EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'pgidgen_counter' AND c.relkind = 'S')
            AND EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'pgidgen_offset' AND c.relkind = 'S')
-           AND EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid AND p.proname = 'next_id' AND p.pronargs = 0)
+           AND EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid AND p.proname = 'next_id' AND p.pronargs = 0),
+               EXISTS (SELECT 1 FROM pg_class c JOIN pg_sequence s ON s.seqrelid = c.oid
+                       WHERE c.relnamespace = n.oid AND c.relname IN ('pgidgen_counter', 'pgidgen_offset') AND s.seqcache <> 1)
         FROM pg_namespace n WHERE n.nspname ~ '^shard_(0|[1-9][0-9]*)$'
         """
     ):
@@ -68,4 +71,6 @@ def read_state(conn: psycopg.Connection[Any], *, schemas: bool = True) -> Catalo
         st.shard_schemas.add(shard)
         if complete:
             st.complete.add(shard)
+        if cached:
+            st.cached.add(shard)
     return st

@@ -65,6 +65,11 @@ def build_map(states: dict[str, CatalogState], unreachable: dict[str, str] | Non
                 m.problems.append(f"{name}: shard {s} is in the catalog but schema {schema_name(s)} is missing")
             elif s not in st.complete:
                 m.problems.append(f"{name}: schema {schema_name(s)} is missing its next_id() function or a generator sequence")
+            if s in st.cached:
+                m.problems.append(
+                    f"{name}: a generator sequence of {schema_name(s)} has CACHE > 1, so next_id() could repeat IDs: "
+                    f"ALTER SEQUENCE {schema_name(s)}.pgidgen_counter CACHE 1 (and pgidgen_offset)"
+                )
         stray = sorted(st.shard_schemas - set(st.shards))
         if stray:
             m.problems.append(f"{name}: schemas named like shards but not in pgidgen's catalog: {_names(stray)}")

@@ -39,6 +39,7 @@ def test_map_flags_inconsistencies(config: Config, config_file: Path) -> None:
         conn.execute("DROP FUNCTION shard_3.next_id()")
         conn.execute("DROP SCHEMA shard_4 CASCADE")
         conn.execute("CREATE SCHEMA shard_99")
+        conn.execute("ALTER SEQUENCE shard_1.pgidgen_counter CACHE 20")
     with psycopg.connect(config.dsn("db2"), autocommit=True) as conn:
         conn.execute("DELETE FROM pgidgen.shards WHERE shard = 9")
         conn.execute("DROP SCHEMA shard_9 CASCADE")
@@ -48,6 +49,8 @@ def test_map_flags_inconsistencies(config: Config, config_file: Path) -> None:
     m = read_map(config)
     assert not m.ok
     assert m.problems == [
+        "db1: a generator sequence of shard_1 has CACHE > 1, so next_id() could repeat IDs: "
+        "ALTER SEQUENCE shard_1.pgidgen_counter CACHE 1 (and pgidgen_offset)",
         "db1: schema shard_3 is missing its next_id() function or a generator sequence",
         "db1: shard 4 is in the catalog but schema shard_4 is missing",
         "db1: schemas named like shards but not in pgidgen's catalog: shard_99",
