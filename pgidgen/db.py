@@ -4,6 +4,7 @@ Errors name the database by its config name and host:port/dbname, never the pass
 """
 from __future__ import annotations
 
+import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -103,6 +104,21 @@ def each_database(names: Sequence[str], work: Callable[[str], T], *, parallel: b
     with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
         futures = {name: pool.submit(guarded, name) for name in names}
         return {name: f.result() for name, f in futures.items()}
+
+
+def tool_args(dsn: str) -> tuple[str, dict[str, str]]:
+    """A connection string for a client program (pg_dump, psql) with its password moved to PGPASSWORD, so the
+    password never shows in the process list: (dsn, environment)."""
+    env = dict(os.environ)
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return dsn, env
+    password = params.pop("password", None)
+    if password is None:
+        return dsn, env
+    env["PGPASSWORD"] = str(password)
+    return psycopg.conninfo.make_conninfo(**params), env
 
 
 def read_each(

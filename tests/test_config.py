@@ -50,3 +50,13 @@ def test_unknown_database_name() -> None:
     cfg = config_from_dict({"databases": {"db1": "postgresql://localhost/app"}})
     with pytest.raises(ConfigError, match="unknown database 'db9': configured databases are: db1"):
         cfg.select("db1,db9")
+
+
+def test_client_programs_get_the_password_by_environment() -> None:
+    from pgidgen.db import scrub, tool_args
+
+    dsn, env = tool_args("postgresql://app:s3cret@db.example:5433/app")
+    assert "s3cret" not in dsn and env["PGPASSWORD"] == "s3cret"
+    assert "db.example" in dsn and "5433" in dsn
+    assert tool_args("host=x user=y")[0] == "host=x user=y"
+    assert scrub("connection postgresql://app:s3cret@h/app failed, password=hunter2") == "connection postgresql://app:***@h/app failed, password=***"

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import psycopg
 
 from ..config import Config
-from ..db import connect, execute_script, pg_message, scrub
+from ..db import connect, execute_script, pg_message, scrub, tool_args
 from ..errors import ConflictError, DatabaseError, PgidgenError
 from ..ddl.ledger import DDL_LOCK, ledger_copy_sql
 from ..idgen import LOCK_CLASS, render_catalog
@@ -391,10 +391,11 @@ class Mover:
 
     def dump_schema(self) -> str:
         pg_dump = _tool("pg_dump")
+        src_dsn, src_env = tool_args(self.config.dsn(self.ctx.source))
         proc = subprocess.run(
             [pg_dump, "--section=pre-data", f"--schema={self.ctx.schema}", "--no-publications", "--no-subscriptions",
-             "--no-tablespaces", "--no-security-labels", "-d", self.config.dsn(self.ctx.source)],
-            capture_output=True, text=True,
+             "--no-tablespaces", "--no-security-labels", "-d", src_dsn],
+            capture_output=True, text=True, env=src_env,
         )
         if proc.returncode != 0:
             raise MoveError(f"pg_dump of {self.ctx.schema} on {self.ctx.source} failed: {scrub(_last_line(proc.stderr))}")
@@ -492,8 +493,10 @@ class Mover:
         """pg_dump of the shard (the given sections, or all) piped into one psql transaction on the target,
         followed by `then` in the same transaction."""
         pg_dump, psql = _tool("pg_dump"), _tool("psql")
+        src_dsn, src_env = tool_args(self.config.dsn(self.ctx.source))
+        tgt_dsn, tgt_env = tool_args(self.config.dsn(self.ctx.target))
         argv = [pg_dump, f"--schema={self.ctx.schema}", *(f"--section={x}" for x in sections), "--no-publications",
-                "--no-subscriptions", "--no-tablespaces", "--no-security-labels", "-d", self.config.dsn(self.ctx.source)]
+                "--no-subscriptions", "--no-tablespaces", "--no-security-labels", "-d", src_dsn]
         if snapshot:
             argv += ["--snapshot", snapshot]
         est = {t.name: t.est_rows for t in self.ctx.tables}
@@ -501,11 +504,11 @@ class Mover:
         seen: dict[str, int] = {}
         nbytes_seen: dict[str, int] = {}
         with tempfile.TemporaryFile() as dump_err, tempfile.TemporaryFile() as restore_err:
-            dump = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=dump_err, preexec_fn=_die_with_parent)
+            dump = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=dump_err, preexec_fn=_die_with_parent, env=src_env)
             restore = subprocess.Popen(
-                [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-d", self.config.dsn(self.ctx.target),
+                [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-d", tgt_dsn,
                  "-f", "-", *(["-c", then] if then else [])],
-                stdin=dump.stdout, stdout=subprocess.DEVNULL, stderr=restore_err, preexec_fn=_die_with_parent,
+                stdin=dump.stdout, stdout=subprocess.DEVNULL, stderr=restore_err, preexec_fn=_die_with_parent, env=tgt_env,
             )
             assert dump.stdout is not None
             dump.stdout.close()
