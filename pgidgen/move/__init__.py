@@ -4,6 +4,7 @@
 - sqltext.py   every statement a move runs, rendered as text (the dry run prints these)
 - journal.py   the journal on the source database: each step recorded before it runs
 - engine.py    the steps: copy by logical replication, cutover, activate, teardown; resume and rollback
+- transfer.py  the rows: binary COPY streams at the slot's snapshot into one target transaction
 - verify.py    per-table row counts and checksums
 - cleanup.py   --verify afterwards, and --cleanup of the retired source copy
 - plan.py      --dry-run

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -39,6 +37,7 @@ from .context import (
     read_tables,
 )
 from .journal import POINT_OF_NO_RETURN, Journal, MoveRecord, lock_holder, open_move, release, try_lock
+from .transfer import Transfer, last_line, plan_tables, script_of, tool
 from .verify import Verification, compare
 
 Hook = Callable[[str], None]
@@ -267,6 +266,32 @@ def stop_hook_from_env() -> Hook | None:
 # -- the mover ----------------------------------------------------------------------------------------
 
 
+class Background:
+    """One function on a thread of its own; result() re-raises what it raised."""
+
+    def __init__(self, fn: Callable[[], Verification]) -> None:
+        self._value: Verification | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Verification]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to result()
+            self._error = e
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Verification:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
+
+
 class CutoverAborted(Exception):
     """Catch-up or the lock did not fit in --max-pause: the source was left serving."""
 
@@ -293,6 +318,7 @@ class Mover:
         self._tgt: psycopg.Connection[Any] | None = None
         self.snapshot: psycopg.Connection[Any] | None = None
         self.verification: Verification | None = None
+        self.checking: Background | None = None
         self.report = MoveReport(ctx.shard, ctx.source, ctx.target, self.rec.mode, self.rec.move_id, "running")
         self.t0 = time.perf_counter()
 
@@ -304,6 +330,8 @@ class Mover:
         return self._tgt
 
     def _close(self) -> None:
+        if self.checking is not None:
+            self.checking.join()
         for c in (self._tgt, self.snapshot):
             if c is not None and not c.closed:
                 c.close()
@@ -389,24 +417,16 @@ class Mover:
                                 hint=f"wait for it to finish, then 'pgidgen move-shard --resume {self.ctx.shard}'")
             self.admin.execute(q.source_moving_sql(self.ctx.shard))
 
-    def dump_schema(self) -> str:
-        pg_dump = _tool("pg_dump")
+    def dump_schema(self) -> bytes:
         src_dsn, src_env = tool_args(self.config.dsn(self.ctx.source))
         proc = subprocess.run(
-            [pg_dump, "--section=pre-data", f"--schema={self.ctx.schema}", "--no-publications", "--no-subscriptions",
+            [tool("pg_dump"), "--section=pre-data", f"--schema={self.ctx.schema}", "--no-publications", "--no-subscriptions",
              "--no-tablespaces", "--no-security-labels", "-d", src_dsn],
-            capture_output=True, text=True, env=src_env,
+            capture_output=True, env=src_env,
         )
         if proc.returncode != 0:
-            raise MoveError(f"pg_dump of {self.ctx.schema} on {self.ctx.source} failed: {scrub(_last_line(proc.stderr))}")
-        lines = []
-        for line in proc.stdout.splitlines():
-            if line.startswith("\\"):
-                if re.match(r"^\\(un)?restrict\b", line):
-                    continue
-                raise MoveError(f"pg_dump of {self.ctx.schema} printed a psql command pgidgen cannot run: {line[:40]}")
-            lines.append(line)
-        return "\n".join(lines) + "\n"
+            raise MoveError(f"pg_dump of {self.ctx.schema} on {self.ctx.source} failed: {scrub(last_line(proc.stderr.decode(errors='replace')))}")
+        return script_of(proc.stdout, self.ctx.schema)
 
     def step_schema(self) -> None:
         row = self._target_row()
@@ -417,7 +437,9 @@ class Mover:
         script = self.dump_schema()
         try:
             with self.tgt.transaction():
-                execute_script(self.tgt, script)
+                encoding = str(self.admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
+                self.tgt.execute(f"SET client_encoding = {q.literal(encoding)}")
+                self.tgt.execute(script)
                 execute_script(self.tgt, q.target_row_sql(self.ctx.shard, self.ctx.schema))
         except psycopg.Error as e:
             raise MoveError(
@@ -459,9 +481,10 @@ class Mover:
         return int(row[0]) if row else 0
 
     def step_copy(self) -> None:
-        """The shard: a slot whose exported snapshot pg_dump copies at, so the subscription (copy_data = false)
-        streams exactly the changes after it. Schema, rows, then indexes and constraints, and the target's
-        'incoming' row, in one restore transaction: as fast as pg_dump | psql, which it is."""
+        """The shard: a slot whose exported snapshot the copy reads at, so the subscription (copy_data = false)
+        streams exactly the changes after it. Schema, rows (binary COPY streams, see transfer.py), then indexes
+        and constraints, and the target's 'incoming' row, in one target transaction: a resume or rollback finds
+        either the whole copy or nothing of it."""
         if self.resumed_step == "copy":
             self._reset_copy()
         row0 = self._target_row()
@@ -478,7 +501,7 @@ class Mover:
             row = cur.fetchone()
             assert row is not None
             self.journal.note("copy", consistent_point=str(row[1]))
-            self._dump_restore((), snapshot=str(row[2]), then=q.target_row_sql(self.ctx.shard, self.ctx.schema, reset_offset=False))
+            self._transfer(str(row[2]), ("pre-data", "post-data"), then=q.target_row_sql(self.ctx.shard, self.ctx.schema, reset_offset=False))
         finally:
             repl.close()
 
@@ -489,51 +512,62 @@ class Mover:
             self.tgt.execute(f"DROP SCHEMA IF EXISTS {q.ident(self.ctx.schema)} CASCADE")
             self.tgt.execute("DELETE FROM pgidgen.shards WHERE shard = %s AND state = 'incoming'", (self.ctx.shard,))
 
-    def _dump_restore(self, sections: tuple[str, ...], *, snapshot: str | None = None, then: str = "") -> None:
-        """pg_dump of the shard (the given sections, or all) piped into one psql transaction on the target,
-        followed by `then` in the same transaction."""
-        pg_dump, psql = _tool("pg_dump"), _tool("psql")
-        src_dsn, src_env = tool_args(self.config.dsn(self.ctx.source))
-        tgt_dsn, tgt_env = tool_args(self.config.dsn(self.ctx.target))
-        argv = [pg_dump, f"--schema={self.ctx.schema}", *(f"--section={x}" for x in sections), "--no-publications",
-                "--no-subscriptions", "--no-tablespaces", "--no-security-labels", "-d", src_dsn]
-        if snapshot:
-            argv += ["--snapshot", snapshot]
+    def _transfer(self, snapshot: str | None, sections: tuple[str, ...], *, then: str = "", truncate: bool = False) -> None:
+        """The shard's rows (and the given pg_dump sections around them) into one target transaction, followed by
+        `then` in it. truncate: the tables exist already (offline), emptying them in this transaction lets the
+        rows go in frozen all the same."""
+        schema = self.ctx.schema
+        plan = plan_tables(self.admin, self.tgt, self.ctx.source_schema or schema, [t.name for t in self.ctx.tables])
+        encoding = str(self.admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
+        tr = Transfer(self.config.dsn(self.ctx.source), schema, plan, snapshot=snapshot, encoding=encoding, sections=sections)
+        try:
+            tr.start()
+            with self.tgt.transaction():
+                if truncate and plan:
+                    self.tgt.execute(f"TRUNCATE {', '.join('ONLY ' + q.ident(schema, t.name) for t in plan)}")
+                tr.restore(self.tgt, self._copy_progress())
+                execute_script(self.tgt, then)
+        except psycopg.Error as e:
+            raise MoveError(f"restoring {schema} into {self.ctx.target} failed: {pg_message(e)}", hint=self._next_hint(self.rec.step)) from None
+        except MoveError as e:
+            e.hint = e.hint or self._next_hint(self.rec.step)
+            raise
+        finally:
+            tr.close()
+            if not self.tgt.closed and not self.tgt.broken:
+                self.tgt.execute("RESET ALL")
+                self.tgt.execute("SET search_path TO DEFAULT")
+        if self.progress is not None:
+            total = sum(t.est_rows for t in self.ctx.tables)
+            self.progress(CopyProgress(len(self.ctx.tables), len(self.ctx.tables), total, total, tr.bytes, self._lag()))
+
+    def _copy_progress(self) -> Callable[[str, int], None] | None:
+        """Rows as the source's COPY reports them (pg_stat_progress_copy), at most every 0.1 s."""
+        if self.progress is None:
+            return None
+        report = self.progress
         est = {t.name: t.est_rows for t in self.ctx.tables}
         total = sum(est.values())
-        seen: dict[str, int] = {}
-        nbytes_seen: dict[str, int] = {}
-        with tempfile.TemporaryFile() as dump_err, tempfile.TemporaryFile() as restore_err:
-            dump = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=dump_err, preexec_fn=_die_with_parent, env=src_env)
-            restore = subprocess.Popen(
-                [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-d", tgt_dsn,
-                 "-f", "-", *(["-c", then] if then else [])],
-                stdin=dump.stdout, stdout=subprocess.DEVNULL, stderr=restore_err, preexec_fn=_die_with_parent, env=tgt_env,
-            )
-            assert dump.stdout is not None
-            dump.stdout.close()
-            while restore.poll() is None:
-                if self.progress is not None:
-                    for rel, tuples, nbytes in self.tgt.execute(
-                        "SELECT c.relname, p.tuples_processed, p.bytes_processed FROM pg_stat_progress_copy p JOIN pg_class c ON c.oid = p.relid"
-                        " WHERE p.datid = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                    ):
-                        seen[rel] = max(seen.get(rel, 0), int(tuples))
-                        nbytes_seen[rel] = max(nbytes_seen.get(rel, 0), int(nbytes))
-                    done = sum(seen.values())
-                    self.progress(CopyProgress(len(seen), len(self.ctx.tables), min(done, total), total, sum(nbytes_seen.values()), self._lag()))
-                time.sleep(0.1)
-            dump_rc = dump.wait()
-            dump_err.seek(0)
-            restore_err.seek(0)
-            if dump_rc != 0:
-                raise MoveError(f"pg_dump of {self.ctx.schema} on {self.ctx.source} failed: {scrub(_last_line(dump_err.read().decode()))}",
-                                hint=self._next_hint(self.rec.step))
-            if restore.returncode != 0:
-                raise MoveError(f"restoring {self.ctx.schema} into {self.ctx.target} failed: {scrub(_last_line(restore_err.read().decode()))}",
-                                hint=self._next_hint(self.rec.step))
-        if self.progress is not None:
-            self.progress(CopyProgress(len(self.ctx.tables), len(self.ctx.tables), total, total, sum(nbytes_seen.values()), self._lag()))
+        done: list[str] = []
+        state = {"at": 0.0, "bytes": 0}
+
+        def on_block(table: str, nbytes: int) -> None:
+            state["bytes"] += nbytes
+            if table not in done:
+                done.append(table)
+            now = time.perf_counter()
+            if now - state["at"] < 0.1:
+                return
+            state["at"] = now
+            row = self.admin.execute(
+                "SELECT coalesce(sum(p.tuples_processed), 0) FROM pg_stat_progress_copy p JOIN pg_class c ON c.oid = p.relid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+                (self.ctx.source_schema or self.ctx.schema, table),
+            ).fetchone()
+            rows = sum(est[t] for t in done[:-1]) + int(row[0] if row else 0)
+            report(CopyProgress(len(done) - 1, len(est), min(rows, total), total, int(state["bytes"]), self._lag()))
+
+        return on_block
 
     def _lag(self) -> int | None:
         row = self.admin.execute(
@@ -664,10 +698,28 @@ class Mover:
             if not committed and snap is not None:
                 snap.close()
         self.snapshot = snap
+        if self.verification is None:
+            self._start_checking(snap, retired)
+
+    def _start_checking(self, snap: psycopg.Connection[Any], retired: str) -> None:
+        """The comparison at the cutover point only reads: the retired source copy takes no more writes and snap
+        holds the target's snapshot of that moment. So it runs from here, beside activate and teardown, and
+        step_verify (journaled as before) collects the result."""
+        tables = [t.name for t in self.ctx.tables]
+        name, dsn, schema = self.ctx.source, self.config.dsn(self.ctx.source), self.ctx.schema
+
+        def check() -> Verification:
+            src = connect(name, dsn, autocommit=True)
+            try:
+                return compare(src, retired, snap, schema, tables)
+            finally:
+                src.close()
+
+        self.checking = Background(check)
 
     def _offline_copy(self) -> None:
-        """Inside the freeze: the rows, then indexes and constraints, dump piped into restore."""
-        self._dump_restore(("data", "post-data"))
+        """Inside the freeze (no snapshot needed, nothing writes): the rows, then indexes and constraints."""
+        self._transfer(None, ("post-data",), truncate=True)
 
     def step_activate(self) -> None:
         row = self._target_row()
@@ -705,7 +757,11 @@ class Mover:
             return
         tables = [t.name for t in self.ctx.tables]
         if self.snapshot is not None:
-            v = compare(self.admin, self.ctx.source_schema, self.snapshot, self.ctx.schema, tables)
+            if self.checking is not None:
+                v = self.checking.result()
+                self.checking = None
+            else:
+                v = compare(self.admin, self.ctx.source_schema, self.snapshot, self.ctx.schema, tables)
             self.snapshot.close()
         else:
             v = compare(self.admin, self.ctx.source_schema, self.tgt, self.ctx.schema, tables,
@@ -782,7 +838,7 @@ def drop_slots(src: psycopg.Connection[Any], names: q.Names, sub_oid: int | None
                     pass
             elif time.monotonic() > deadline and pid:
                 src.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        time.sleep(0.05)
+        time.sleep(0.01)
 
 
 def measure_skew(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], rounds: int = 5) -> tuple[float, float]:
@@ -803,37 +859,6 @@ def measure_skew(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], rou
             best = (skew, unc)
     assert best is not None
     return best
-
-
-def _die_with_parent() -> None:
-    """In pg_dump/psql children: a mover killed with -9 takes them along, so no restore commits behind its back."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _tool(name: str) -> str:
-    found = shutil.which(name)
-    if found:
-        return found
-    try:
-        from ..sandbox import find_bindir
-
-        path = find_bindir() / name
-        if path.exists():
-            return str(path)
-    except PgidgenError:
-        pass
-    raise MoveError(f"{name} was not found", hint="install PostgreSQL's client programs or put them on PATH")
-
-
-def _last_line(text: str) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else "no message"
 
 
 __all__ = ["MoveOptions", "MoveReport", "CopyProgress", "move_shard", "resume_move", "rollback_move"]

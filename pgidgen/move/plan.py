@@ -57,16 +57,17 @@ def render_plan(
         steps += [
             PlannedStep("publication", source, "publish the shard's tables and this move's heartbeat row", q.publication_sql(names, refs)),
             PlannedStep("copy", f"{source} -> {target}", "a logical slot exporting a snapshot (replication connection), then the shard at"
-                        f" that snapshot: pg_dump --snapshot=<snapshot> --schema={schema} | psql --single-transaction into the target"
-                        " (schema, rows, then indexes and constraints), with the target's catalog row in the same transaction",
-                        q.slot_sql(names) + ";\n" + q.target_row_sql(shard, schema, reset_offset=False)),
+                        f" that snapshot, in one target transaction: pg_dump --snapshot=<snapshot> --section=pre-data --schema={schema},"
+                        " each table's rows as a binary COPY stream (psql at the snapshot on the source), pg_dump --section=post-data"
+                        " (indexes and constraints), and the target's catalog row",
+                        q.slot_sql(names) + ";\n" + _copy_sql(schema, tables, freeze=True) + q.target_row_sql(shard, schema, reset_offset=False)),
             PlannedStep("subscription", target, "subscribe without copying: apply streams every change after the snapshot",
                         q.subscription_sql(names, options.subscription_conninfo or config.dsn(source), show=True)),
             PlannedStep("catchup", source, "heartbeats until one arrives within half of --max-pause; measure the clock skew",
                         q.heartbeat_sql(names.token, 0)),
         ]
     freeze = q.freeze_sql(shard, refs, ms)
-    cut = ("copy the rows: pg_dump --section=data --section=post-data | psql --single-transaction into the target, then verify" if options.offline
+    cut = ("copy the rows (binary COPY streams into the emptied target tables), then pg_dump --section=post-data, in one target transaction, then verify" if options.offline
            else "write a heartbeat and wait (within --max-pause) until the target has applied it")
     steps += [
         PlannedStep("cutover", source, f"freeze the shard's writes; {cut}; retire the source copy; one transaction",
@@ -87,3 +88,11 @@ def render_plan(
     if options.drop_source:
         steps.append(PlannedStep("cleanup", source, "drop the retired source copy", f"DROP SCHEMA {q.ident(retired)} CASCADE;\n"))
     return steps
+
+
+def _copy_sql(schema: str, tables: list[str], *, freeze: bool) -> str:
+    """Each table's stream: source statement -> target statement (binary, or text for non-built-in types)."""
+    return "".join(
+        f"{q.copy_out_sql(schema, t, binary=True)};  -- source, at the snapshot\n"
+        f"{q.copy_in_sql(schema, t, binary=True, freeze=freeze)};  -- target\n" for t in tables
+    )

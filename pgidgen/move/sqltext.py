@@ -94,6 +94,23 @@ def heartbeat_sql(token: str, beat: int) -> str:
     return f"INSERT INTO pgidgen.move_heartbeat (token, beat) VALUES ({literal(token)}, {beat});\n"
 
 
+#: The source side of a text-format row stream prints values the way pg_dump does, so any target reads them back.
+COPY_OUT_SETTINGS = ["SET DateStyle = 'ISO'", "SET IntervalStyle = 'postgres'", "SET extra_float_digits = 3"]
+
+
+def copy_out_sql(schema: str, table: str, *, binary: bool) -> str:
+    """One table's rows at the copy's snapshot (the stream's transaction imported it)."""
+    return f"COPY {ident(schema, table)} TO STDOUT" + (" (FORMAT binary)" if binary else "")
+
+
+def copy_in_sql(schema: str, table: str, *, binary: bool, freeze: bool) -> str:
+    """FREEZE: the table was created in the same transaction, so its rows are written frozen and hinted."""
+    opts = ["FORMAT binary"] if binary else []
+    if freeze:
+        opts.append("FREEZE")
+    return f"COPY {ident(schema, table)} FROM STDIN" + (f" ({', '.join(opts)})" if opts else "")
+
+
 # -- cutover -------------------------------------------------------------------------------------------
 
 
