@@ -527,6 +527,7 @@ class Mover:
                     self.tgt.execute(f"TRUNCATE {', '.join('ONLY ' + q.ident(schema, t.name) for t in plan)}")
                 tr.restore(self.tgt, self._copy_progress())
                 execute_script(self.tgt, then)
+                self._point("copy:restored")  # all of it in, not yet committed
         except psycopg.Error as e:
             raise MoveError(f"restoring {schema} into {self.ctx.target} failed: {pg_message(e)}", hint=self._next_hint(self.rec.step)) from None
         except MoveError as e:

@@ -7,7 +7,9 @@ from ..db import connect
 from . import sqltext as q
 from .context import check_servers, check_tables, locate, read_tables
 from .engine import MoveOptions
-from .sqltext import PlannedStep
+from .sqltext import ColumnHash, PlannedStep
+from .transfer import TableCopy, plan_tables
+from .verify import column_hashes
 
 
 def plan_move(config: Config, shard: int, target: str, *, options: MoveOptions | None = None) -> list[PlannedStep]:
@@ -16,17 +18,19 @@ def plan_move(config: Config, shard: int, target: str, *, options: MoveOptions |
     src = connect(ctx.source, config.dsn(ctx.source), autocommit=True)
     try:
         ctx.tables, ctx.sequences = read_tables(src, ctx.schema)
+        columns = column_hashes(src, ctx.schema)
         check_tables(ctx, online=not opts.offline)
-        if not opts.offline:
-            tgt = connect(target, config.dsn(target), autocommit=True)
-            try:
+        tgt = connect(target, config.dsn(target), autocommit=True)
+        try:
+            if not opts.offline:
                 check_servers(ctx, src, tgt)
-            finally:
-                tgt.close()
+            streams = plan_tables(src, tgt, ctx.schema, [t.name for t in ctx.tables])
+        finally:
+            tgt.close()
     finally:
         src.close()
     return render_plan(config, ctx.shard, ctx.source, target, [t.name for t in ctx.tables], options=opts,
-                       target_has_catalog=ctx.target_state.has_catalog)
+                       target_has_catalog=ctx.target_state.has_catalog, columns=columns, streams=streams)
 
 
 def render_plan(
@@ -38,8 +42,11 @@ def render_plan(
     *,
     options: MoveOptions,
     target_has_catalog: bool = True,
+    columns: dict[str, list[ColumnHash]] | None = None,
+    streams: list[TableCopy] | None = None,
 ) -> list[PlannedStep]:
     schema = f"shard_{shard}"
+    streams = streams if streams is not None else [TableCopy(t, True) for t in tables]
     names = q.Names(f"{shard}_<token>")
     refs = [q.TableRef(schema, t) for t in tables]
     retired = f"{schema}_moved_<yyyymmddhhmmss>"
@@ -60,7 +67,7 @@ def render_plan(
                         f" that snapshot, in one target transaction: pg_dump --snapshot=<snapshot> --section=pre-data --schema={schema},"
                         " each table's rows as a binary COPY stream (psql at the snapshot on the source), pg_dump --section=post-data"
                         " (indexes and constraints), and the target's catalog row",
-                        q.slot_sql(names) + ";\n" + _copy_sql(schema, tables, freeze=True) + q.target_row_sql(shard, schema, reset_offset=False)),
+                        q.slot_sql(names) + ";\n" + _copy_sql(schema, streams) + q.target_row_sql(shard, schema, reset_offset=False)),
             PlannedStep("subscription", target, "subscribe without copying: apply streams every change after the snapshot",
                         q.subscription_sql(names, options.subscription_conninfo or config.dsn(source), show=True)),
             PlannedStep("catchup", source, "heartbeats until one arrives within half of --max-pause; measure the clock skew",
@@ -84,15 +91,15 @@ def render_plan(
             PlannedStep("teardown", source, "drop the slots and the publication", q.drop_slots_sql(names, None) + q.drop_publication_sql(names)),
         ]
     steps.append(PlannedStep("verify", f"{source}+{target}", "row count and checksum per table, source copy vs the target's snapshot at the cutover",
-                             "\n".join(q.checksum_sql(schema, t) + ";" for t in tables) + ("\n" if tables else "")))
+                             "\n".join(q.checksum_sql(schema, t, None if columns is None else columns.get(t, [])) + ";" for t in tables) + ("\n" if tables else "")))
     if options.drop_source:
         steps.append(PlannedStep("cleanup", source, "drop the retired source copy", f"DROP SCHEMA {q.ident(retired)} CASCADE;\n"))
     return steps
 
 
-def _copy_sql(schema: str, tables: list[str], *, freeze: bool) -> str:
-    """Each table's stream: source statement -> target statement (binary, or text for non-built-in types)."""
+def _copy_sql(schema: str, streams: list[TableCopy]) -> str:
+    """Each table's stream: the source's statement, the target's (binary, or text for types not built in)."""
     return "".join(
-        f"{q.copy_out_sql(schema, t, binary=True)};  -- source, at the snapshot\n"
-        f"{q.copy_in_sql(schema, t, binary=True, freeze=freeze)};  -- target\n" for t in tables
+        f"{q.copy_out_sql(schema, t.name, binary=t.binary)};  -- source, at the snapshot\n"
+        f"{q.copy_in_sql(schema, t.name, binary=t.binary, freeze=True)};  -- target\n" for t in streams
     )

@@ -215,13 +215,66 @@ VERIFY_SETTINGS = (
 )
 
 
-def checksum_sql(schema: str, table: str, *, as_text: bool = False) -> str:
+@dataclass(frozen=True)
+class ColumnHash:
+    """A column and its type's 64-bit hash function (the default hash opclass's extended support function)."""
+
+    name: str
+    function: tuple[str, str] | None  # (schema, name); None: the type has none of its own (e.g. varchar)
+    custom: bool = False  # a type defined in the database: hashed as text (an enum's hash is its OID, which differs)
+
+
+def checksum_sql(schema: str, table: str, columns: Sequence[ColumnHash] | None = None, *, as_text: bool = False) -> str:
     """Row count and the sum of 64-bit hashes of every row: order-independent, one sequential scan, so it needs
-    no sort and parallelises across the two servers. hash_record_extended hashes each column with its type's
-    hash function (3x faster than hashing the row's text); tables with a column type that has none (json, ...)
-    hash the row's text instead (as_text), the same choice on both sides since their types are the same."""
-    h = "hashtextextended(ROW(r.*)::text, 0)" if as_text else "hash_record_extended(ROW(r.*), 0)"
+    no sort and parallelises across the two servers. With columns, a row's hash is the XOR of each column's own
+    hash function seeded with its position (NULL hashes to the position): 40% cheaper than hash_record_extended
+    on the whole row, which is what columns without a hash function of their own take (inside ROW(...)), and what
+    runs without columns. Columns of types defined in the database hash their text: an enum hashes its OID,
+    which differs between the two databases. Tables with a column type that has no hash at all (json, ...) hash the row's text
+    instead (as_text), the same choice on both sides since their types are the same."""
+    if as_text:
+        h = "hashtextextended(ROW(r.*)::text, 0)"
+    elif columns is None:
+        h = "hash_record_extended(ROW(r.*), 0)"
+    elif not columns:
+        h = "0::bigint"
+    else:
+        terms = []
+        for k, c in enumerate(columns, start=1):
+            col = "r." + ident(c.name)
+            if c.custom:
+                call = f"hashtextextended({col}::text, {k})"
+            elif c.function:
+                call = f"{ident(*c.function)}({col}, {k})"
+            else:
+                call = f"hash_record_extended(ROW({col}), {k})"
+            terms.append(f"coalesce({call}, {k})")
+        h = " # ".join(terms)
     return f"SELECT count(*), coalesce(sum({h}), 0)::text FROM ONLY {ident(schema, table)} AS r"
+
+
+#: The type's (or a domain's base type's) default hash opclass and its extended hash function, per column.
+COLUMN_HASHES_SQL = """
+SELECT c.relname, a.attname, fn.nspname, fn.proname,
+       (CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END)::bigint >= 16384 AS custom
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+LEFT JOIN LATERAL (
+    SELECT pn.nspname, p.proname
+    FROM pg_catalog.pg_opclass oc
+    JOIN pg_catalog.pg_am am ON am.oid = oc.opcmethod AND am.amname = 'hash'
+    JOIN pg_catalog.pg_amproc ap ON ap.amprocfamily = oc.opcfamily AND ap.amprocnum = 2
+         AND ap.amproclefttype = oc.opcintype AND ap.amprocrighttype = oc.opcintype
+    JOIN pg_catalog.pg_proc p ON p.oid = ap.amproc AND p.proargtypes[0] = oc.opcintype
+    JOIN pg_catalog.pg_namespace pn ON pn.oid = p.pronamespace
+    WHERE oc.opcdefault AND oc.opcintype = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+    LIMIT 1
+) fn ON true
+WHERE n.nspname = %s AND c.relkind = 'r'
+ORDER BY c.relname, a.attnum
+"""
 
 
 @dataclass

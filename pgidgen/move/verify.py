@@ -1,6 +1,7 @@
 """Comparing the two copies of a shard, table by table: row count and a checksum of every row.
 
-The checksum is the sum of 64-bit hashes of each row (hash_record_extended), so it needs no sort: one
+The checksum is the sum of 64-bit hashes of each row (each column hashed by its type's hash function,
+combined per row; see sqltext.checksum_sql), so it needs no sort: one
 sequential scan per table on each server, both servers at once. A 1M-row table takes about as long as
 `SELECT count(*)` plus hashing; an ORDER BY over the primary key would add a sort or an index scan for nothing,
 because the sum does not depend on order.
@@ -13,7 +14,7 @@ from typing import Any, Sequence
 
 import psycopg
 
-from .sqltext import VERIFY_SETTINGS, checksum_sql
+from .sqltext import COLUMN_HASHES_SQL, VERIFY_SETTINGS, ColumnHash, checksum_sql
 
 
 @dataclass
@@ -58,14 +59,24 @@ class Verification:
         return {"ok": self.ok, "when": self.when, "rows": self.rows, "tables": [t.as_dict() for t in self.tables]}
 
 
-def checksums(conn: psycopg.Connection[Any], schema: str, tables: Sequence[str]) -> dict[str, tuple[int, str]]:
+def column_hashes(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[ColumnHash]]:
+    """Read on one side (the source) so both sides run the very same statements."""
+    out: dict[str, list[ColumnHash]] = {}
+    for table, column, fn_schema, fn_name, custom in conn.execute(COLUMN_HASHES_SQL, (schema,)):
+        out.setdefault(table, []).append(ColumnHash(column, (fn_schema, fn_name) if fn_name else None, bool(custom)))
+    return out
+
+
+def checksums(
+    conn: psycopg.Connection[Any], schema: str, tables: Sequence[str], columns: dict[str, list[ColumnHash]] | None = None
+) -> dict[str, tuple[int, str]]:
     """Runs in whatever transaction conn is in (the caller's snapshot is what gets compared)."""
     conn.execute(VERIFY_SETTINGS.replace("SET ", "SET LOCAL ") if not conn.autocommit else VERIFY_SETTINGS)
     out: dict[str, tuple[int, str]] = {}
     for t in tables:
         try:
             with conn.transaction():  # a savepoint inside the caller's snapshot
-                row = conn.execute(checksum_sql(schema, t)).fetchone()
+                row = conn.execute(checksum_sql(schema, t, None if columns is None else columns.get(t, []))).fetchone()
         except psycopg.errors.UndefinedFunction:
             row = conn.execute(checksum_sql(schema, t, as_text=True)).fetchone()
         assert row is not None
@@ -83,8 +94,9 @@ def compare(
     when: str = "at the cutover point",
 ) -> Verification:
     """Both sides at once, each in its own thread (the two connections are independent)."""
+    columns = column_hashes(source, source_schema)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        fs = pool.submit(checksums, source, source_schema, tables)
-        ft = pool.submit(checksums, target, target_schema, tables)
+        fs = pool.submit(checksums, source, source_schema, tables, columns)
+        ft = pool.submit(checksums, target, target_schema, tables, columns)
         s, t = fs.result(), ft.result()
     return Verification([TableCheck(name, s[name][0], t[name][0], s[name][1], t[name][1]) for name in tables], when=when)
