@@ -8,12 +8,17 @@ pause the mover reports (lock to target commit), and the longest gap between two
 writer saw it (that includes noticing the move and re-routing).
 PostgreSQL 15's launcher starts one subscription worker per wal_retrieve_retry_interval (5 s by default); the
 servers here use 200 ms so back-to-back moves in one run do not wait on it.
+Timing on a shared machine is noisy: each size runs BENCH_MOVE_ROUNDS rounds (default 3) on a freshly built
+shard, and prints medians, the ratio of the medians and every round's.
 """
 from __future__ import annotations
 
+import os
+import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -29,6 +34,7 @@ from pgidgen.layout import Layout  # noqa: E402
 from pgidgen.move import move_shard  # noqa: E402
 
 SIZES = (100_000, 1_000_000)
+ROUNDS = int(os.environ.get("BENCH_MOVE_ROUNDS", "3"))
 
 
 def _db(dsn: str, name: str) -> str:
@@ -38,8 +44,8 @@ def _db(dsn: str, name: str) -> str:
     return dsn.rsplit("/", 1)[0] + "/" + name
 
 
-def one_size(rows: int, dsn1: str, dsn2: str) -> None:
-    tag = f"s{rows}"
+def build(rows: int, dsn1: str, dsn2: str, tag: str) -> tuple[Config, str, str, float]:
+    """A fresh shard of rows rows on db1 (untimed) and empty databases for the baseline and the move."""
     src, tgt, base = _db(dsn1, f"src_{tag}"), _db(dsn2, f"tgt_{tag}"), _db(dsn2, f"base_{tag}")
     config = Config(layout=Layout.make(), databases={"db1": src, "db2": tgt})
     assert all(o.ok for o in init(config, 4, ["db1"]))
@@ -47,16 +53,31 @@ def one_size(rows: int, dsn1: str, dsn2: str) -> None:
         c.execute("CREATE TABLE shard_1.t (id bigint PRIMARY KEY DEFAULT shard_1.next_id(), v int, note text)")
         c.execute(f"INSERT INTO shard_1.t (v, note) SELECT g, md5(g::text) FROM generate_series(1, {rows}) g")
         c.execute("VACUUM ANALYZE shard_1.t")
-        size_mb = c.execute("SELECT pg_total_relation_size('shard_1.t') / 1e6").fetchone()[0]  # type: ignore[index]
+        size_mb = float(c.execute("SELECT pg_total_relation_size('shard_1.t') / 1e6").fetchone()[0])  # type: ignore[index]
+    return config, src, base, size_mb
 
+
+def baseline(src: str, base: str) -> float:
     t0 = time.perf_counter()
     dump = subprocess.Popen(["pg_dump", "--schema=shard_1", "-d", src], stdout=subprocess.PIPE)
     subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", base], stdin=dump.stdout, check=True, stdout=subprocess.DEVNULL)
     assert dump.stdout is not None
     dump.stdout.close()
     assert dump.wait() == 0
-    baseline = time.perf_counter() - t0
+    return time.perf_counter() - t0
 
+
+@dataclass
+class Moved:
+    seconds: float
+    pause_ms: float
+    gap_ms: float
+    writes: int
+    rejected: int
+    phases: list[tuple[str, float]]
+
+
+def move(config: Config, src: str) -> Moved:
     writer = Writer(config.databases, 1, delay=0.001)
     writer.start()
     time.sleep(0.5)
@@ -67,25 +88,46 @@ def one_size(rows: int, dsn1: str, dsn2: str) -> None:
     writer.stop()
     assert report.verification is not None and report.verification.ok
     assert len(set(writer.ids)) == len(writer.ids) and writer.ids == sorted(writer.ids)
-
-    section(f"shard of {rows:,} rows ({float(size_mb):.0f} MB with its index)")
-    row("pg_dump | psql (baseline, offline)", baseline, "s")
-    row("move-shard online, total", total, "s", baseline, "of pg_dump | psql")
-    row("write pause reported by move-shard", report.pause_ms or 0.0, "ms")
-    row("longest gap between acknowledged writes", writer.max_gap * 1000, "ms")
-    table([("writes during the move", f"{len(writer.ids):,} ({len(writer.errors)} rejected by the old copy and re-routed)")])
     with psycopg.connect(src, autocommit=True) as c:
         marks = c.execute(
             "SELECT step, min(at) FROM pgidgen.move_log WHERE move_id = %s AND event IN ('start', 'done') GROUP BY step ORDER BY 2",
             (report.move_id,)).fetchall()
     phases = [(a[0], (b[1] - a[1]).total_seconds()) for a, b in zip(marks, marks[1:])]
-    table([("phases (s)", ", ".join(f"{step} {secs:.2f}" for step, secs in phases))])
-    for name in (f"src_{tag}",):
-        with psycopg.connect(dsn1, autocommit=True) as c:
+    return Moved(total, report.pause_ms or 0.0, writer.max_gap * 1000, len(writer.ids), len(writer.errors), phases)
+
+
+def drop(dsn: str, *names: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for name in names:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    for name in (f"tgt_{tag}", f"base_{tag}"):
-        with psycopg.connect(dsn2, autocommit=True) as c:
-            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def one_size(rows: int, dsn1: str, dsn2: str) -> None:
+    tag = f"s{rows}"
+    bases: list[float] = []
+    moves: list[Moved] = []
+    size_mb = 0.0
+    for _ in range(ROUNDS):
+        config, src, base, size_mb = build(rows, dsn1, dsn2, tag)
+        bases.append(baseline(src, base))  # first: the move renames the source copy
+        moves.append(move(config, src))
+        drop(dsn1, f"src_{tag}")
+        drop(dsn2, f"tgt_{tag}", f"base_{tag}")
+
+    med = statistics.median
+    section(f"shard of {rows:,} rows ({size_mb:.0f} MB with its index), median of {ROUNDS} rounds")
+    row("pg_dump | psql (baseline, offline)", med(bases), "s")
+    row("move-shard online, total", med(m.seconds for m in moves), "s", med(bases), "of pg_dump | psql")
+    row("write pause reported by move-shard", med(m.pause_ms for m in moves), "ms")
+    row("longest gap between acknowledged writes", med(m.gap_ms for m in moves), "ms")
+    table([
+        ("ratio per round", ", ".join(f"{m.seconds / b:.2f}x" for m, b in zip(moves, bases))),
+        ("pause per round (ms)", ", ".join(f"{m.pause_ms:.0f}" for m in moves)),
+        ("writes during a move", f"{moves[-1].writes:,} ({moves[-1].rejected} rejected by the old copy and re-routed)"),
+    ])
+    steps = [step for step, _ in moves[0].phases]
+    per_step = {step: med(dict(m.phases).get(step, 0.0) for m in moves) for step in steps}
+    table([("phases (s, medians)", ", ".join(f"{step} {secs:.2f}" for step, secs in per_step.items()))])
 
 
 def run() -> None:

@@ -16,7 +16,7 @@ from movekit import Writer, leftovers
 from pgidgen.cli import main
 from pgidgen.config import Config
 from pgidgen.init import init
-from pgidgen.move import MoveError, MoveOptions, cleanup, move_shard, resume_move, rollback_move, verify_move
+from pgidgen.move import CopyProgress, MoveError, MoveOptions, cleanup, move_shard, resume_move, rollback_move, verify_move
 from pgidgen.move.journal import ONLINE_STEPS, POINT_OF_NO_RETURN
 from pgidgen.move.transfer import plan_tables
 from pgidgen.shardmap import read_map
@@ -76,7 +76,8 @@ def test_move_under_continuous_writer(config: Config) -> None:
     writer.start()
     time.sleep(0.3)
     n_before = len(writer.ids)
-    report = move_shard(config, 1, "db3")
+    seen: list[CopyProgress] = []
+    report = move_shard(config, 1, "db3", progress=seen.append)
     n_at = len(writer.ids)
     time.sleep(0.3)
     writer.stop()
@@ -84,6 +85,8 @@ def test_move_under_continuous_writer(config: Config) -> None:
     assert report.status == "done" and report.pause_ms is not None
     assert report.verification is not None and report.verification.ok
     assert {t.table for t in report.verification.tables} == {"t", "tags"}
+    copied = [p for p in seen if p.rows_total]  # the copy's reports (catch-up ones carry only the lag)
+    assert copied and copied[-1].rows_copied == copied[-1].rows_total and copied[-1].tables_ready == 2 and copied[-1].bytes_copied > 0
     # no row lost, none duplicated, every acknowledged ID is on the target, IDs only ever grew
     ids = writer.ids
     assert len(set(ids)) == len(ids)
