@@ -89,11 +89,11 @@ def best_rate(fn: Callable[[], float]) -> float:
     return max(fn() for _ in range(ROUNDS))
 
 
-def pgbench_tps(server: Server, table: str, tmp: Path) -> float:
+def pgbench_tps(server: Server, table: str, tmp: Path, mode: str) -> float:
     script = tmp / f"{table}.sql"
     script.write_text(f"INSERT INTO {table} (v) VALUES (1);\n")
     out = subprocess.run(
-        [pgbench_bin(), "-n", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres", "-c", "4", "-j", "2",
+        [pgbench_bin(), "-n", "-M", mode, "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres", "-c", "4", "-j", "2",
          "-T", str(PGBENCH_SECONDS), "-f", str(script), "app"],
         check=True, capture_output=True, text=True,
     ).stdout
@@ -142,17 +142,23 @@ def run() -> None:
             conn.execute("CREATE TABLE t_next_id (id bigint PRIMARY KEY DEFAULT shard_1.next_id(), v int)")
             conn.execute("CREATE TABLE t_bigserial (id bigserial PRIMARY KEY, v int)")
             conn.execute("CREATE TABLE t_uuid (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), v int)")
-        tps = {t: 0.0 for t in ("t_bigserial", "t_next_id", "t_uuid")}
+        tables = ("t_bigserial", "t_next_id", "t_uuid")
+        # simple: every INSERT is parsed and planned (psql, drivers without server-side prepare);
+        # prepared: planned once per connection (psycopg 3 after 5 runs, JDBC, asyncpg, pgx, npgsql).
+        modes = ("simple", "prepared")
+        tps = {(m, t): 0.0 for m in modes for t in tables}
         for _ in range(ROUNDS):
-            for t in tps:
-                tps[t] = max(tps[t], pgbench_tps(server, t, tmp))
-        for t, label in (("t_bigserial", "bigserial key"), ("t_next_id", "DEFAULT shard_1.next_id() key"), ("t_uuid", "uuid key (gen_random_uuid)")):
-            row(label, tps[t], "tps", tps["t_bigserial"], "of bigserial")
+            for m in modes:
+                for t in tables:
+                    tps[m, t] = max(tps[m, t], pgbench_tps(server, t, tmp, m))
+        for m in modes:
+            for t, label in (("t_bigserial", "bigserial key"), ("t_next_id", "DEFAULT shard_1.next_id() key"), ("t_uuid", "uuid key (gen_random_uuid)")):
+                row(f"{label}, -M {m}", tps[m, t], "tps", tps[m, "t_bigserial"], "of bigserial")
 
         section(f"primary-key index size after {INDEX_ROWS} rows (one INSERT ... SELECT each, fresh tables)")
         sizes: dict[str, float] = {}
         with psycopg.connect(dsn, autocommit=True) as conn:
-            for t in tps:
+            for t in tables:
                 conn.execute(f"TRUNCATE {t}")
                 conn.execute(f"INSERT INTO {t} (v) SELECT 1 FROM generate_series(1, {INDEX_ROWS})")
                 conn.execute(f"VACUUM ANALYZE {t}")

@@ -1,10 +1,12 @@
 """Where IDs are made: rendering the catalog and each shard's schema, sequences and next_id()."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
+
+import psycopg
 
 from . import __version__
-from .errors import ConfigError
+from .errors import ConfigError, DatabaseError
 from .layout import Layout, iso_ms
 from .render import literal, render, static_sql
 
@@ -51,3 +53,36 @@ def render_shard(layout: Layout, shard: int, *, grant_roles: Sequence[str] = (),
 
 def render_catalog_grants(roles: Sequence[str]) -> str:
     return render("catalog_grants.sql.j2", roles=list(roles))
+
+
+#: next_id()'s fast path reads the generator state as parameter defaults and relies on the server evaluating them
+#: in parameter order (docs/next_id.md, "The order of the reads"): checked on each database before a generator
+#: is installed there, in a SELECT list and in a column DEFAULT, on temporary objects that vanish with the
+#: transaction's savepoint.
+ORDER_PROBE = """
+CREATE TEMPORARY SEQUENCE pgidgen_order_probe;
+CREATE FUNCTION pg_temp.pgidgen_order_probe(
+    a pg_catalog.int8 DEFAULT pg_catalog.nextval('pg_temp.pgidgen_order_probe'),
+    b pg_catalog.int8 DEFAULT pg_catalog.nextval('pg_temp.pgidgen_order_probe'),
+    c pg_catalog.int8 DEFAULT pg_catalog.nextval('pg_temp.pgidgen_order_probe')) RETURNS pg_catalog.bool
+LANGUAGE sql AS 'SELECT a OPERATOR(pg_catalog.<) b AND b OPERATOR(pg_catalog.<) c';
+CREATE TEMPORARY TABLE pgidgen_order_probe_t (ok pg_catalog.bool DEFAULT pg_temp.pgidgen_order_probe(), n pg_catalog.int4);
+INSERT INTO pg_temp.pgidgen_order_probe_t (n) SELECT g FROM pg_catalog.generate_series(1, 100) AS g;
+"""
+ORDER_CHECK = """
+SELECT pg_catalog.count(*) FROM pg_temp.pgidgen_order_probe_t WHERE ok IS NOT TRUE
+UNION ALL
+SELECT pg_catalog.count(*) FROM pg_catalog.generate_series(1, 100) AS g WHERE pg_temp.pgidgen_order_probe() IS NOT TRUE
+"""
+
+
+def check_argument_order(conn: psycopg.Connection[Any], database: str) -> None:
+    """Refuse a server that does not evaluate function defaults in parameter order (next_id() needs it)."""
+    with conn.transaction(force_rollback=True):
+        conn.execute(ORDER_PROBE)
+        bad = sum(int(r[0]) for r in conn.execute(ORDER_CHECK))
+    if bad:
+        raise DatabaseError(
+            f"database {database} evaluates function arguments out of order, which next_id()'s fast path relies on",
+            hint="report the PostgreSQL version to pgidgen; nothing was installed",
+        )

@@ -15,7 +15,7 @@ from .config import Config
 from .ddl.ledger import read_history, replay_for_new_shards
 from .db import Outcome, each_database, execute_script, read_each, transaction
 from .errors import ConfigError, ConflictError, DatabaseError, PgidgenError
-from .idgen import DEFAULT_GENERATOR, LOCK_CLASS, render_catalog, render_catalog_grants, render_shard, schema_name
+from .idgen import DEFAULT_GENERATOR, LOCK_CLASS, check_argument_order, render_catalog, render_catalog_grants, render_shard, schema_name
 from .layout import Layout
 from .ranges import collapse
 
@@ -182,6 +182,8 @@ def init(
             again = read_state(conn)
             if again.active != states[name].active or again.has_catalog != states[name].has_catalog:
                 raise DatabaseError(f"database {name} changed while init was planning", hint="another init ran at the same time; run init again")
+            if shards:
+                check_argument_order(conn, name)
             execute_script(conn, chunks[0])
             done = 0
             for chunk in chunks[1:]:

@@ -162,3 +162,18 @@ def test_json_report_and_progress_quiet(config_file: Path) -> None:
     assert r.stderr == ""  # no progress bar when not a tty
     r = run_cli(config_file, "init", "--shards", "6", "--databases", "db1,db2")
     assert r.stdout.endswith("nothing to do: every shard already exists\n")
+
+
+def test_a_server_that_evaluates_defaults_out_of_order_is_refused(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """next_id() relies on parameter defaults being evaluated in order; init probes each database first. A probe
+    whose verdict is inverted stands in for a server that reorders them: init refuses and writes nothing."""
+    from pgidgen import idgen
+
+    assert "a OPERATOR(pg_catalog.<) b AND b OPERATOR(pg_catalog.<) c" in idgen.ORDER_PROBE
+    monkeypatch.setattr(idgen, "ORDER_PROBE", idgen.ORDER_PROBE.replace(
+        "a OPERATOR(pg_catalog.<) b AND b OPERATOR(pg_catalog.<) c", "a OPERATOR(pg_catalog.>) b AND b OPERATOR(pg_catalog.>) c"))
+    out = init(config, 4, ["db1"])
+    assert [(o.ok, o.error) for o in out] == [(False, (
+        "database db1 evaluates function arguments out of order, which next_id()'s fast path relies on: "
+        "report the PostgreSQL version to pgidgen; nothing was installed"))]
+    assert schemas_in(config.dsn("db1")) == set()

@@ -36,7 +36,7 @@ def test_map_collapses_ranges(config: Config, config_file: Path) -> None:
 def test_map_flags_inconsistencies(config: Config, config_file: Path) -> None:
     init(config, 10, ["db1", "db2"])
     with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
-        conn.execute("DROP FUNCTION shard_3.next_id()")
+        conn.execute("DROP FUNCTION shard_3.next_id")
         conn.execute("DROP SCHEMA shard_4 CASCADE")
         conn.execute("CREATE SCHEMA shard_99")
         conn.execute("ALTER SEQUENCE shard_1.pgidgen_counter CACHE 20")

@@ -57,6 +57,36 @@ def test_sequences_are_cache_1_and_the_offset_reads_zero(dsn: str) -> None:
     assert rows == [("pgidgen_counter", 1, None), ("pgidgen_offset", 1, 0)]
 
 
+def test_the_fast_path_reads_are_the_defaults_in_the_order_the_protocol_needs(dsn: str) -> None:
+    """The seqlock's reads are next_id's parameter defaults, which the calling statement evaluates: the offset,
+    then nextval, then the offset again (docs/next_id.md). Both halves of that are checked here: the declared order,
+    and that this server evaluates defaults in parameter order, in a SELECT list, a DEFAULT of an INSERT and a
+    prepared statement (a probe whose three defaults draw from one sequence must see them increase)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        args = conn.execute("SELECT pg_get_function_arguments('shard_2.next_id'::regproc)").fetchone()[0]
+        order = [a.split(" DEFAULT ")[1] for a in args.split(", _")]
+        assert order == [
+            "pg_sequence_last_value('shard_2.pgidgen_offset'::regclass)",
+            "nextval('shard_2.pgidgen_counter'::regclass)",
+            "pg_sequence_last_value('shard_2.pgidgen_offset'::regclass)",
+            "clock_timestamp()",
+            "pg_current_xact_id()",
+        ]
+        conn.execute("CREATE SEQUENCE public.probe_seq")
+        conn.execute(
+            "CREATE FUNCTION public.probe(a bigint DEFAULT nextval('public.probe_seq'), b bigint DEFAULT nextval('public.probe_seq'),"
+            " c bigint DEFAULT nextval('public.probe_seq')) RETURNS bigint[] LANGUAGE plpgsql AS $$ BEGIN RETURN ARRAY[a, b, c]; END $$"
+        )
+        conn.execute("CREATE TABLE public.probed (p bigint[] DEFAULT public.probe(), v int)")
+        rows = [r[0] for r in conn.execute("SELECT public.probe() FROM generate_series(1, 2000)")]
+        conn.execute("INSERT INTO public.probed (v) SELECT g FROM generate_series(1, 2000) g")
+        for _ in range(8):  # psycopg prepares a statement on its 5th run
+            conn.execute("INSERT INTO public.probed (v) VALUES (%s)", (1,))
+        rows += [r[0] for r in conn.execute("SELECT p FROM public.probed")]
+    assert len(rows) == 4008
+    assert all(a < b < c for a, b, c in rows), [r for r in rows if not r[0] < r[1] < r[2]][:3]
+
+
 def test_single_statement_burst_is_strictly_increasing_in_call_order(dsn: str) -> None:
     n = 60_000
     with psycopg.connect(dsn) as conn:
@@ -267,7 +297,7 @@ def test_cancelled_inside_next_id_leaves_nothing_locked_or_broken(dsn: str) -> N
                     kept[k].extend(r[0] for r in conn.execute(query))
                 except errors.QueryCanceled as e:
                     cancelled[k] += 1
-                    if "next_id()" in (e.diag.context or ""):
+                    if "function shard_0.next_id(" in (e.diag.context or ""):
                         inside[k] += 1
         except BaseException as e:  # pragma: no cover - reported below
             failures.append(e)
