@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import tempfile
 import threading
@@ -28,7 +29,8 @@ from pgidgen.sandbox import Server
 HERE = Path(__file__).resolve().parent
 IDS = int(os.environ.get("BENCH_NEXT_ID_IDS", "1000000"))
 ROUNDS = int(os.environ.get("BENCH_RUNS", "3"))
-PGBENCH_SECONDS = int(os.environ.get("BENCH_PGBENCH_SECONDS", "5"))
+PGBENCH_SECONDS = int(os.environ.get("BENCH_PGBENCH_SECONDS", "3"))
+PGBENCH_ROUNDS = int(os.environ.get("BENCH_PGBENCH_ROUNDS", "5"))
 INDEX_ROWS = int(os.environ.get("BENCH_INDEX_ROWS", "1000000"))
 SESSIONS = (1, 2, 4, 8)
 
@@ -137,7 +139,7 @@ def run() -> None:
             row(f"{n} sessions, next_id, all on shard 1", one / 1e3, "k IDs/s", seq_one / 1e3, "of nextval on one sequence")
             row(f"{n} sessions, next_id, one shard each", spread / 1e3, "k IDs/s", one / 1e3, "of all on one shard")
 
-        section(f"pgbench INSERT throughput, 4 clients, {PGBENCH_SECONDS}s each, best of {ROUNDS} interleaved runs")
+        section(f"pgbench INSERT throughput, 4 clients, {PGBENCH_SECONDS}s per run, {PGBENCH_ROUNDS} interleaved rounds")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE t_next_id (id bigint PRIMARY KEY DEFAULT shard_1.next_id(), v int)")
             conn.execute("CREATE TABLE t_bigserial (id bigserial PRIMARY KEY, v int)")
@@ -146,14 +148,19 @@ def run() -> None:
         # simple: every INSERT is parsed and planned (psql, drivers without server-side prepare);
         # prepared: planned once per connection (psycopg 3 after 5 runs, JDBC, asyncpg, pgx, npgsql).
         modes = ("simple", "prepared")
-        tps = {(m, t): 0.0 for m in modes for t in tables}
-        for _ in range(ROUNDS):
+        # The machine is shared: load drifts within a run. Each round runs the three tables back to back (in
+        # alternating order), and the ratio printed is the median over rounds of each round's own ratio.
+        runs: dict[tuple[str, str], list[float]] = {(m, t): [] for m in modes for t in tables}
+        for r in range(PGBENCH_ROUNDS):
             for m in modes:
-                for t in tables:
-                    tps[m, t] = max(tps[m, t], pgbench_tps(server, t, tmp, m))
+                for t in (tables if r % 2 == 0 else tables[::-1]):
+                    runs[m, t].append(pgbench_tps(server, t, tmp, m))
         for m in modes:
+            base = runs[m, "t_bigserial"]
             for t, label in (("t_bigserial", "bigserial key"), ("t_next_id", "DEFAULT shard_1.next_id() key"), ("t_uuid", "uuid key (gen_random_uuid)")):
-                row(f"{label}, -M {m}", tps[m, t], "tps", tps[m, "t_bigserial"], "of bigserial")
+                ratios = sorted(x / b for x, b in zip(runs[m, t], base))
+                print(f"  {label + ', -M ' + m:<48} {statistics.median(runs[m, t]):>12.0f} tps   ratio {ratios[len(ratios) // 2]:6.2f}x"
+                      f" of bigserial (median of {len(ratios)} rounds; range {ratios[0]:.2f}-{ratios[-1]:.2f})", flush=True)
 
         section(f"primary-key index size after {INDEX_ROWS} rows (one INSERT ... SELECT each, fresh tables)")
         sizes: dict[str, float] = {}
