@@ -86,3 +86,18 @@ def check_argument_order(conn: psycopg.Connection[Any], database: str) -> None:
             f"database {database} evaluates function arguments out of order, which next_id()'s fast path relies on",
             hint="report the PostgreSQL version to pgidgen; nothing was installed",
         )
+
+
+def render_order_probe() -> str:
+    """The same probe as a script that stops with an error where the order is wrong (init --sql runs no Python)."""
+    return ORDER_PROBE + (
+        "DO $probe$ BEGIN\n"
+        f"    IF (SELECT pg_catalog.sum(n) FROM ({ORDER_CHECK.strip()}) AS c(n)) OPERATOR(pg_catalog.>) 0 THEN\n"
+        "        RAISE EXCEPTION 'pgidgen: this server evaluates function arguments out of order, which next_id()''s fast path relies on'\n"
+        "            USING HINT = 'report the PostgreSQL version to pgidgen; nothing was installed';\n"
+        "    END IF;\n"
+        "END $probe$;\n"
+        "DROP TABLE pg_temp.pgidgen_order_probe_t;\n"
+        "DROP FUNCTION pg_temp.pgidgen_order_probe;\n"
+        "DROP SEQUENCE pg_temp.pgidgen_order_probe;\n"
+    )

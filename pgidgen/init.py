@@ -15,7 +15,7 @@ from .config import Config
 from .ddl.ledger import read_history, replay_for_new_shards
 from .db import Outcome, each_database, execute_script, read_each, transaction
 from .errors import ConfigError, ConflictError, DatabaseError, PgidgenError
-from .idgen import DEFAULT_GENERATOR, LOCK_CLASS, check_argument_order, render_catalog, render_catalog_grants, render_shard, schema_name
+from .idgen import DEFAULT_GENERATOR, LOCK_CLASS, check_argument_order, render_catalog, render_order_probe, render_catalog_grants, render_shard, schema_name
 from .layout import Layout
 from .ranges import collapse
 
@@ -69,8 +69,8 @@ def offline_plan(config: Config, shard_count: int, databases: Sequence[str], *, 
 
 
 def render_init(plan: InitPlan) -> dict[str, str]:
-    """Per database, the SQL init runs there (one transaction)."""
-    return {name: "".join(render_database(plan, name)) for name in plan.assignment}
+    """Per database, the SQL init runs there (one transaction), starting with the check init makes first."""
+    return {name: (render_order_probe() if plan.assignment[name] else "") + "".join(render_database(plan, name)) for name in plan.assignment}
 
 
 def render_database(plan: InitPlan, name: str) -> list[str]:

@@ -135,6 +135,21 @@ def test_sql_is_offline_and_runs_in_psql(tmp_path: Path, config: Config, layout:
     assert out[0].changed is False and out[1].summary == "catalog installed, created 3 shards (3-5)"
 
 
+
+def test_sql_checks_the_argument_order_like_init(tmp_path: Path, config: Config) -> None:
+    """init --sql starts with the probe init runs (next_id() needs in-order defaults); inverted, it stops psql."""
+    from pgidgen import idgen
+
+    per_db = render_init(offline_plan(config, 2, ["db1"]))
+    assert per_db["db1"].startswith(idgen.ORDER_PROBE)
+    inverted = per_db["db1"].replace("a OPERATOR(pg_catalog.<) b AND b OPERATOR(pg_catalog.<) c", "a OPERATOR(pg_catalog.>) b AND b OPERATOR(pg_catalog.>) c")
+    script = tmp_path / "inverted.sql"
+    script.write_text("BEGIN;\n" + inverted + "COMMIT;\n")
+    r = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", config.dsn("db1"), "-f", str(script)], capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "pgidgen: this server evaluates function arguments out of order" in r.stderr
+    assert shards_in(config.dsn("db1")) == []
+
 def test_grant_lets_a_role_use_shards(config: Config) -> None:
     with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
         conn.execute("DROP ROLE IF EXISTS pgidgen_app_test")
