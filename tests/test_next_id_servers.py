@@ -5,9 +5,11 @@ continuing on a server whose clock is behind (pgidgen.last_id / pgidgen.advance_
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Iterator
 
 import psycopg
@@ -169,6 +171,61 @@ def test_crash_in_the_middle_of_a_burst(own_server: sandbox.Server) -> None:
     assert min(after) > max(before), "an ID handed out before the crash came again"
     assert_increasing(after, "after the restart")
 
+
+
+def _child_pid(server: sandbox.Server, title: str) -> int:
+    postmaster = int(Path(server.datadir, "postmaster.pid").read_text().split()[0])
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == postmaster and title in cmdline:
+                return int(entry.name)
+    raise AssertionError(f"no {title} process under postmaster {postmaster}")
+
+
+def test_a_read_only_commit_waits_for_the_wal_of_its_id(own_server: sandbox.Server) -> None:
+    """The WAL covering a counter value may have been written by another session (nextval logs 32 ahead), and
+    PostgreSQL flushes at commit only what a transaction with an XID wrote itself. With the walwriter stopped,
+    a committed `SELECT next_id()` whose value came from a burst's logged range, then a crash: the ID must not
+    come again (it did, before next_id wrote a WAL record of its own in such transactions)."""
+    set_clock(own_server, None)
+    dsn = fresh_db(own_server)
+    init_shards(dsn)
+    with psycopg.connect(own_server.dsn, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET autovacuum = off")  # nothing else writes pages (and so flushes WAL) meanwhile
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT shard_0.next_id()")
+            conn.execute("CHECKPOINT")
+        walwriter = _child_pid(own_server, "walwriter")
+        os.kill(walwriter, signal.SIGSTOP)
+        try:
+            burst = psycopg.connect(dsn)  # logs the counter ahead and never commits
+            burst.execute("SELECT count(shard_0.next_id()) FROM generate_series(1, 20000)")
+            with psycopg.connect(dsn, autocommit=True) as reader:
+                committed = [reader.execute("SELECT shard_0.next_id()").fetchone()[0] for _ in range(3)]
+        finally:
+            os.kill(walwriter, signal.SIGKILL)  # a crash: the postmaster restarts every process and recovers
+        sandbox.wait_ready(own_server)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    after = draw(conn, 0, burst=40000, paced=5)
+                break
+            except psycopg.OperationalError:
+                assert time.monotonic() < deadline, "the server did not come back after the crash"
+                time.sleep(0.5)
+        assert min(after) > max(committed), "an ID a committed transaction returned came again after the crash"
+    finally:
+        with psycopg.connect(own_server.dsn, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM RESET autovacuum")
+            conn.execute("SELECT pg_reload_conf()")
 
 def test_a_shard_continues_on_a_server_whose_clock_is_behind(config: Config, own_server: sandbox.Server) -> None:
     source = config.dsn("db1")
