@@ -57,22 +57,40 @@ def render_catalog_grants(roles: Sequence[str]) -> str:
 
 #: next_id()'s fast path reads the generator state as parameter defaults and relies on the server evaluating them
 #: in parameter order (docs/next_id.md, "The order of the reads"): checked on each database before a generator
-#: is installed there, in a SELECT list and in a column DEFAULT, on temporary objects that vanish with the
-#: transaction's savepoint.
+#: is installed there. The probe has next_id's shapes (last value, nextval, last value of one sequence: in order,
+#: b = a + 1 and c = b) and is called the ways next_id is: an aggregate's argument, a column DEFAULT of an
+#: INSERT ... SELECT, a PL/pgSQL assignment, a generic prepared plan, each also JIT-compiled where the server
+#: has JIT. Temporary objects, created in a savepoint that is rolled back (or dropped, in the --sql script).
 ORDER_PROBE = """
 CREATE TEMPORARY SEQUENCE pgidgen_order_probe;
+SELECT pg_catalog.nextval('pg_temp.pgidgen_order_probe');
 CREATE FUNCTION pg_temp.pgidgen_order_probe(
-    a pg_catalog.int8 DEFAULT pg_catalog.nextval('pg_temp.pgidgen_order_probe'),
+    a pg_catalog.int8 DEFAULT pg_catalog.pg_sequence_last_value('pg_temp.pgidgen_order_probe'),
     b pg_catalog.int8 DEFAULT pg_catalog.nextval('pg_temp.pgidgen_order_probe'),
-    c pg_catalog.int8 DEFAULT pg_catalog.nextval('pg_temp.pgidgen_order_probe')) RETURNS pg_catalog.bool
-LANGUAGE sql AS 'SELECT a OPERATOR(pg_catalog.<) b AND b OPERATOR(pg_catalog.<) c';
+    c pg_catalog.int8 DEFAULT pg_catalog.pg_sequence_last_value('pg_temp.pgidgen_order_probe')) RETURNS pg_catalog.bool
+LANGUAGE plpgsql AS 'BEGIN RETURN (a OPERATOR(pg_catalog.+) 1 OPERATOR(pg_catalog.=) b) AND (b OPERATOR(pg_catalog.=) c); END';
+CREATE FUNCTION pg_temp.pgidgen_order_probe_loop() RETURNS pg_catalog.int8
+LANGUAGE plpgsql AS 'DECLARE ok pg_catalog.bool; bad pg_catalog.int8 := 0; BEGIN
+    FOR i IN 1..100 LOOP ok := pg_temp.pgidgen_order_probe(); IF ok IS NOT TRUE THEN bad := bad OPERATOR(pg_catalog.+) 1; END IF; END LOOP;
+    RETURN bad; END';
 CREATE TEMPORARY TABLE pgidgen_order_probe_t (ok pg_catalog.bool DEFAULT pg_temp.pgidgen_order_probe(), n pg_catalog.int4);
+SET LOCAL plan_cache_mode = force_generic_plan;
+PREPARE pgidgen_order_probe_p(pg_catalog.int4) AS
+    INSERT INTO pg_temp.pgidgen_order_probe_t (n) SELECT g FROM pg_catalog.generate_series(1, $1) AS g;
+EXECUTE pgidgen_order_probe_p(100);
+DEALLOCATE pgidgen_order_probe_p;
+SET LOCAL jit_above_cost = 0;
+SET LOCAL jit_inline_above_cost = 0;
+SET LOCAL jit_optimize_above_cost = 0;
 INSERT INTO pg_temp.pgidgen_order_probe_t (n) SELECT g FROM pg_catalog.generate_series(1, 100) AS g;
 """
 ORDER_CHECK = """
 SELECT pg_catalog.count(*) FROM pg_temp.pgidgen_order_probe_t WHERE ok IS NOT TRUE
 UNION ALL
-SELECT pg_catalog.count(*) FROM pg_catalog.generate_series(1, 100) AS g WHERE pg_temp.pgidgen_order_probe() IS NOT TRUE
+SELECT pg_catalog.count(*) OPERATOR(pg_catalog.-) pg_catalog.count(*) FILTER (WHERE ok)
+FROM (SELECT pg_temp.pgidgen_order_probe() AS ok FROM pg_catalog.generate_series(1, 100) OFFSET 0) AS s
+UNION ALL
+SELECT pg_temp.pgidgen_order_probe_loop()
 """
 
 
@@ -98,6 +116,8 @@ def render_order_probe() -> str:
         "    END IF;\n"
         "END $probe$;\n"
         "DROP TABLE pg_temp.pgidgen_order_probe_t;\n"
+        "DROP FUNCTION pg_temp.pgidgen_order_probe_loop;\n"
         "DROP FUNCTION pg_temp.pgidgen_order_probe;\n"
         "DROP SEQUENCE pg_temp.pgidgen_order_probe;\n"
+        "RESET plan_cache_mode;\nRESET jit_above_cost;\nRESET jit_inline_above_cost;\nRESET jit_optimize_above_cost;\n"
     )
