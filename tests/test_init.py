@@ -160,6 +160,12 @@ def test_grant_lets_a_role_use_shards(config: Config) -> None:
             conn.execute("SET ROLE pgidgen_app_test")
             assert conn.execute("SELECT pgidgen.shard_of(shard_1.next_id())").fetchone()[0] == 1
             assert conn.execute("SELECT count(*) FROM pgidgen.shards").fetchone()[0] == 2
+            # the slow path too (paced calls: the offset is raised to the clock), without UPDATE on the sequences
+            ids = [conn.execute("SELECT shard_1.next_id() FROM pg_sleep(0.002)").fetchone()[0] for _ in range(5)]
+            assert ids == sorted(ids) and len(set(ids)) == 5
+            assert conn.execute("SELECT has_sequence_privilege('shard_1.pgidgen_offset', 'UPDATE')").fetchone()[0] is False
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT setval('shard_1.pgidgen_offset', 1)")
             conn.execute("RESET ROLE")
             conn.execute("DROP OWNED BY pgidgen_app_test")
     finally:

@@ -56,7 +56,7 @@ WITH s AS (
     SELECT s.shard, 'function ' || p.proname || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ') '
         || pg_catalog.md5({prosrc})
     FROM s JOIN pg_catalog.pg_proc p ON p.pronamespace = s.nsp
-    WHERE p.proname <> 'next_id'
+    WHERE p.proname NOT IN ('next_id', 'pgidgen_locked_next_id')
   UNION ALL
     SELECT s.shard, 'type ' || t.typname || ' (' || t.typtype::text || ')'
         || coalesce(' ' || (SELECT string_agg(e.enumlabel::text, ',' ORDER BY e.enumsortorder) FROM pg_catalog.pg_enum e WHERE e.enumtypid = t.oid), '')
