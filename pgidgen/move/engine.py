@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Generic, TypeVar
 
 import psycopg
 
@@ -41,6 +41,7 @@ from .transfer import Transfer, last_line, plan_tables, script_of, tool
 from .verify import Verification, compare
 
 Hook = Callable[[str], None]
+T = TypeVar("T")
 POLL = 0.002
 
 
@@ -129,6 +130,9 @@ def move_shard(
     opts = options or MoveOptions()
     ctx = locate(config, shard, target)
     admin = connect(ctx.source, config.dsn(ctx.source), autocommit=True)
+    # The target's connection opens while the source is checked; the mover keeps it.
+    opening: Background[psycopg.Connection[Any]] = Background(lambda: connect(target, config.dsn(target), autocommit=True))
+    tgt: psycopg.Connection[Any] | None = None
     try:
         ensure_catalog(admin, ctx.source, config)
         if not try_lock(admin, shard):
@@ -142,19 +146,24 @@ def move_shard(
         ctx.source_schema = ctx.schema
         ctx.tables, ctx.sequences = read_tables(admin, ctx.schema)
         check_tables(ctx, online=not opts.offline)
-        tgt = connect(target, config.dsn(target), autocommit=True)
-        try:
-            if not opts.offline:
-                check_servers(ctx, admin, tgt)
-        finally:
-            tgt.close()
+        tgt = opening.result()
+        if not opts.offline:
+            check_servers(ctx, admin, tgt)
         token = f"{shard}_{secrets.token_hex(4)}"
         journal = Journal.open_new(
             admin, shard=shard, source=ctx.source, target=target, mode="offline" if opts.offline else "online", token=token,
             detail={"tables": [t.name for t in ctx.tables], "max_pause_ms": int(opts.max_pause * 1000)},
         )
-        return Mover(config, ctx, journal, opts, progress, hook).run()
+        mover, tgt = Mover(config, ctx, journal, opts, progress, hook, tgt=tgt), None
+        return mover.run()
     finally:
+        if tgt is None:
+            try:
+                tgt = opening.result()
+            except PgidgenError:
+                tgt = None
+        if tgt is not None:
+            tgt.close()
         release(admin, shard)
 
 
@@ -266,16 +275,16 @@ def stop_hook_from_env() -> Hook | None:
 # -- the mover ----------------------------------------------------------------------------------------
 
 
-class Background:
+class Background(Generic[T]):
     """One function on a thread of its own; result() re-raises what it raised."""
 
-    def __init__(self, fn: Callable[[], Verification]) -> None:
-        self._value: Verification | None = None
+    def __init__(self, fn: Callable[[], T]) -> None:
+        self._value: T | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
         self._thread.start()
 
-    def _run(self, fn: Callable[[], Verification]) -> None:
+    def _run(self, fn: Callable[[], T]) -> None:
         try:
             self._value = fn()
         except BaseException as e:  # noqa: BLE001 - handed to result()
@@ -284,12 +293,11 @@ class Background:
     def join(self) -> None:
         self._thread.join()
 
-    def result(self) -> Verification:
+    def result(self) -> T:
         self._thread.join()
         if self._error is not None:
             raise self._error
-        assert self._value is not None
-        return self._value
+        return self._value  # type: ignore[return-value]
 
 
 class CutoverAborted(Exception):
@@ -305,6 +313,8 @@ class Mover:
         options: MoveOptions,
         progress: Callable[[CopyProgress], None] | None,
         hook: Hook | None,
+        *,
+        tgt: psycopg.Connection[Any] | None = None,
     ) -> None:
         self.config = config
         self.ctx = ctx
@@ -315,10 +325,12 @@ class Mover:
         self.hook = hook or stop_hook_from_env()
         self.names = q.Names(self.rec.token)
         self.admin = journal.conn  # source, autocommit, holds the move lock
-        self._tgt: psycopg.Connection[Any] | None = None
+        self._tgt: psycopg.Connection[Any] | None = tgt  # target, autocommit
         self.snapshot: psycopg.Connection[Any] | None = None
         self.verification: Verification | None = None
-        self.checking: Background | None = None
+        self.checking: Background[Verification] | None = None
+        self.ahead: Background[list[psycopg.Connection[Any]]] | None = None
+        self.check_src: psycopg.Connection[Any] | None = None
         self.report = MoveReport(ctx.shard, ctx.source, ctx.target, self.rec.mode, self.rec.move_id, "running")
         self.t0 = time.perf_counter()
 
@@ -332,9 +344,38 @@ class Mover:
     def _close(self) -> None:
         if self.checking is not None:
             self.checking.join()
-        for c in (self._tgt, self.snapshot):
+        for c in (self._tgt, self.snapshot, self.check_src, *(self._take_ahead() or [])):
             if c is not None and not c.closed:
                 c.close()
+
+    def _open_ahead(self) -> None:
+        """The cutover's two connections (source, target snapshot) and the verification's source connection,
+        opened on a thread while catch-up waits: a few ms each, otherwise all on the way to the flip."""
+        if self.ahead is not None:
+            return
+        wanted = [(self.ctx.source, False), (self.ctx.target, False), (self.ctx.source, True)]
+
+        def open_all() -> list[psycopg.Connection[Any]]:
+            conns: list[psycopg.Connection[Any]] = []
+            try:
+                for name, autocommit in wanted:
+                    conns.append(connect(name, self.config.dsn(name), autocommit=autocommit))
+            except BaseException:
+                for c in conns:
+                    c.close()
+                raise
+            return conns
+
+        self.ahead = Background(open_all)
+
+    def _take_ahead(self) -> list[psycopg.Connection[Any]] | None:
+        ahead, self.ahead = self.ahead, None
+        if ahead is None:
+            return None
+        try:
+            return ahead.result()
+        except PgidgenError:
+            return None
 
     def _point(self, name: str) -> None:
         if self.hook is not None:
@@ -410,12 +451,16 @@ class Mover:
 
     # steps ----------------------------------------------------------------------------------------
     def step_prepare(self) -> None:
-        ensure_catalog(self.tgt, self.ctx.target, self.config, layout=self.ctx.layout, shard_count=self.ctx.shard_count)
+        if self.opts.offline:  # an online move has the copy step do it, beside the source's slot and pg_dump
+            self._ensure_target_catalog()
         with self.admin.transaction():
             if not self.admin.execute("SELECT pg_try_advisory_xact_lock_shared(%s, %s)", (LOCK_CLASS, DDL_LOCK)).fetchone()[0]:  # type: ignore[index]
                 raise MoveError(f"pgidgen apply-ddl is changing shards in database {self.ctx.source}",
                                 hint=f"wait for it to finish, then 'pgidgen move-shard --resume {self.ctx.shard}'")
             self.admin.execute(q.source_moving_sql(self.ctx.shard))
+
+    def _ensure_target_catalog(self) -> None:
+        ensure_catalog(self.tgt, self.ctx.target, self.config, layout=self.ctx.layout, shard_count=self.ctx.shard_count)
 
     def dump_schema(self) -> bytes:
         src_dsn, src_env = tool_args(self.config.dsn(self.ctx.source))
@@ -486,12 +531,15 @@ class Mover:
         and constraints, and the target's 'incoming' row, in one target transaction: a resume or rollback finds
         either the whole copy or nothing of it."""
         if self.resumed_step == "copy":
+            self._ensure_target_catalog()
             self._reset_copy()
         row0 = self._target_row()
         if row0 is not None:
             raise ConflictError(f"database {self.ctx.target} holds shard {self.ctx.shard} as {row0[0]}", hint="see 'pgidgen map'")
         repl = connect(self.ctx.source, self.config.dsn(self.ctx.source), autocommit=True, replication="database")
-        try:
+        created: list[str] = []
+
+        def slot() -> str:
             cur = psycopg.ClientCursor(repl)
             try:
                 cur.execute(q.slot_sql(self.names))
@@ -500,9 +548,17 @@ class Mover:
                                 hint="see max_replication_slots and max_wal_senders on the source") from None
             row = cur.fetchone()
             assert row is not None
-            self.journal.note("copy", consistent_point=str(row[1]))
-            self._transfer(str(row[2]), ("pre-data", "post-data"), then=q.target_row_sql(self.ctx.shard, self.ctx.schema, reset_offset=False))
+            created.append(str(row[1]))
+            return str(row[2])
+
+        # The target's catalog (installed on a new database: tens of ms) goes in on the target connection while
+        # this thread creates the slot and starts the source's pg_dump, which the target waits for anyway.
+        catalog: Background[None] = Background(self._ensure_target_catalog)
+        try:
+            self._transfer(slot, ("pre-data", "post-data"), then=q.target_row_sql(self.ctx.shard, self.ctx.schema, reset_offset=False),
+                           started=lambda: self.journal.note("copy", consistent_point=created[0]), ready=catalog)
         finally:
+            catalog.join()
             repl.close()
 
     def _reset_copy(self) -> None:
@@ -512,16 +568,32 @@ class Mover:
             self.tgt.execute(f"DROP SCHEMA IF EXISTS {q.ident(self.ctx.schema)} CASCADE")
             self.tgt.execute("DELETE FROM pgidgen.shards WHERE shard = %s AND state = 'incoming'", (self.ctx.shard,))
 
-    def _transfer(self, snapshot: str | None, sections: tuple[str, ...], *, then: str = "", truncate: bool = False) -> None:
+    def _transfer(
+        self,
+        snapshot: Callable[[], str | None],
+        sections: tuple[str, ...],
+        *,
+        then: str = "",
+        truncate: bool = False,
+        started: Callable[[], None] | None = None,
+        ready: Background[None] | None = None,
+    ) -> None:
         """The shard's rows (and the given pg_dump sections around them) into one target transaction, followed by
-        `then` in it. truncate: the tables exist already (offline), emptying them in this transaction lets the
-        rows go in frozen all the same."""
+        `then` in it. snapshot() gives the snapshot to copy at (the online copy creates its slot there): called
+        once the tables' formats are planned, so the source's pg_dump and first stream start the moment it returns;
+        started() runs right after. ready: work on the target connection, waited for before the transaction
+        opens. truncate: the tables exist already (offline), emptying them in this transaction lets the rows go in
+        frozen all the same."""
         schema = self.ctx.schema
         plan = plan_tables(self.admin, self.tgt, self.ctx.source_schema or schema, [t.name for t in self.ctx.tables])
         encoding = str(self.admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
-        tr = Transfer(self.config.dsn(self.ctx.source), schema, plan, snapshot=snapshot, encoding=encoding, sections=sections)
+        tr = Transfer(self.config.dsn(self.ctx.source), schema, plan, snapshot=snapshot(), encoding=encoding, sections=sections)
         try:
             tr.start()
+            if started is not None:
+                started()
+            if ready is not None:
+                ready.result()
             with self.tgt.transaction():
                 if truncate and plan:
                     self.tgt.execute(f"TRUNCATE {', '.join('ONLY ' + q.ident(schema, t.name) for t in plan)}")
@@ -590,6 +662,7 @@ class Mover:
 
     def step_catchup(self) -> None:
         """Wait until replication keeps up (a heartbeat arrives within half the pause budget); measure the skew."""
+        self._open_ahead()
         oid = self._sub_oid()
         errors0 = self._errors(oid) if oid else 0
         give_up = time.perf_counter() + self.opts.catchup_timeout
@@ -648,8 +721,12 @@ class Mover:
         self.journal.note("cutover", retired_schema=retired)
         tables = [q.TableRef(schema, t.name) for t in self.ctx.tables]
         budget = self.opts.max_pause
-        src = connect(self.ctx.source, self.config.dsn(self.ctx.source))
-        snap: psycopg.Connection[Any] | None = connect(self.ctx.target, self.config.dsn(self.ctx.target))  # before the pause
+        ahead = self._take_ahead()
+        if ahead is not None:
+            src, snap, self.check_src = ahead
+        else:
+            src = connect(self.ctx.source, self.config.dsn(self.ctx.source))
+            snap = connect(self.ctx.target, self.config.dsn(self.ctx.target))  # before the pause
         committed = False
         try:
             t_start = time.perf_counter()
@@ -699,18 +776,18 @@ class Mover:
             if not committed and snap is not None:
                 snap.close()
         self.snapshot = snap
-        if self.verification is None:
-            self._start_checking(snap, retired)
 
     def _start_checking(self, snap: psycopg.Connection[Any], retired: str) -> None:
         """The comparison at the cutover point only reads: the retired source copy takes no more writes and snap
-        holds the target's snapshot of that moment. So it runs from here, beside activate and teardown, and
-        step_verify (journaled as before) collects the result."""
+        holds the target's snapshot of that moment. So it runs from the end of the pause (activate's commit: its
+        scans would slow the flip down, by more the larger the shard), beside teardown, and step_verify
+        (journaled as before) collects the result."""
         tables = [t.name for t in self.ctx.tables]
         name, dsn, schema = self.ctx.source, self.config.dsn(self.ctx.source), self.ctx.schema
+        opened, self.check_src = self.check_src, None
 
         def check() -> Verification:
-            src = connect(name, dsn, autocommit=True)
+            src = opened or connect(name, dsn, autocommit=True)
             try:
                 return compare(src, retired, snap, schema, tables)
             finally:
@@ -720,7 +797,7 @@ class Mover:
 
     def _offline_copy(self) -> None:
         """Inside the freeze (no snapshot needed, nothing writes): the rows, then indexes and constraints."""
-        self._transfer(None, ("post-data",), truncate=True)
+        self._transfer(lambda: None, ("post-data",), truncate=True)
 
     def step_activate(self) -> None:
         row = self._target_row()
@@ -743,6 +820,8 @@ class Mover:
             execute_script(self.tgt, ledger)
             execute_script(self.tgt, q.activate_sql(shard, self.ctx.schema, last_id=last_id, ahead_ms=ahead, sequences=seqs, subscription=sub))
         started = getattr(self, "pause_started", None)
+        if self.snapshot is not None and self.verification is None and self.checking is None:
+            self._start_checking(self.snapshot, retired)
         if started is not None:
             self.report.pause_ms = (time.perf_counter() - started) * 1000
             self.journal.note("activate", pause_ms=round(self.report.pause_ms, 1))
@@ -819,9 +898,11 @@ def teardown(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], names: 
 
 
 def drop_slots(src: psycopg.Connection[Any], names: q.Names, sub_oid: int | None, *, wait: float = 15.0) -> None:
-    """A slot stays active until its walsender notices the subscriber left: wait, then end that walsender."""
+    """A slot stays active until its walsender notices the subscriber left (usually within milliseconds): look
+    again soon, then less often; after wait, end that walsender."""
     pattern = f"pg_{sub_oid}_sync_%" if sub_oid else None
     deadline = time.monotonic() + wait
+    nap = POLL
     while True:
         rows = src.execute(
             "SELECT slot_name, active, active_pid FROM pg_replication_slots WHERE slot_name = %s OR slot_name LIKE %s",
@@ -839,7 +920,8 @@ def drop_slots(src: psycopg.Connection[Any], names: q.Names, sub_oid: int | None
                     pass
             elif time.monotonic() > deadline and pid:
                 src.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        time.sleep(0.01)
+        time.sleep(nap)
+        nap = min(nap * 2, 0.05)
 
 
 def measure_skew(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], rounds: int = 5) -> tuple[float, float]:

@@ -51,8 +51,9 @@ def render_plan(
     refs = [q.TableRef(schema, t) for t in tables]
     retired = f"{schema}_moved_<yyyymmddhhmmss>"
     ms = int(options.max_pause * 1000)
+    catalog = "install or upgrade the pgidgen catalog" + ("" if target_has_catalog else " (the target has none yet)")
     steps: list[PlannedStep] = [
-        PlannedStep("prepare", target, "install or upgrade the pgidgen catalog" + ("" if target_has_catalog else " (the target has none yet)")),
+        *([PlannedStep("prepare", target, catalog)] if options.offline else []),
         PlannedStep("prepare", source, "journal the move (pgidgen.moves) and mark the shard moving; it is still served here",
                     q.source_moving_sql(shard), ["session advisory lock (pgidgen, -16777216 - shard): one mover per shard", "shared advisory xact lock (pgidgen, -4): not while apply-ddl runs"]),
     ]
@@ -63,10 +64,11 @@ def render_plan(
     else:
         steps += [
             PlannedStep("publication", source, "publish the shard's tables and this move's heartbeat row", q.publication_sql(names, refs)),
+            PlannedStep("copy", target, catalog + ", beside the slot and pg_dump"),
             PlannedStep("copy", f"{source} -> {target}", "a logical slot exporting a snapshot (replication connection), then the shard at"
-                        f" that snapshot, in one target transaction: pg_dump --snapshot=<snapshot> --section=pre-data --schema={schema},"
-                        " each table's rows as a binary COPY stream (psql at the snapshot on the source), pg_dump --section=post-data"
-                        " (indexes and constraints), and the target's catalog row",
+                        f" that snapshot, in one target transaction: the pre-data of pg_dump --snapshot=<snapshot> --schema-only --schema={schema}"
+                        " (printed by pg_restore --section=pre-data), each table's rows as a binary COPY stream (psql at the snapshot on the"
+                        " source), its post-data (indexes and constraints), and the target's catalog row",
                         q.slot_sql(names) + ";\n" + _copy_sql(schema, streams) + q.target_row_sql(shard, schema, reset_offset=False)),
             PlannedStep("subscription", target, "subscribe without copying: apply streams every change after the snapshot",
                         q.subscription_sql(names, options.subscription_conninfo or config.dsn(source), show=True)),
@@ -74,7 +76,7 @@ def render_plan(
                         q.heartbeat_sql(names.token, 0)),
         ]
     freeze = q.freeze_sql(shard, refs, ms)
-    cut = ("copy the rows (binary COPY streams into the emptied target tables), then pg_dump --section=post-data, in one target transaction, then verify" if options.offline
+    cut = ("copy the rows (binary COPY streams into the emptied target tables), then the post-data of pg_dump --schema-only, in one target transaction, then verify" if options.offline
            else "write a heartbeat and wait (within --max-pause) until the target has applied it")
     steps += [
         PlannedStep("cutover", source, f"freeze the shard's writes; {cut}; retire the source copy; one transaction",

@@ -1,13 +1,14 @@
 """How a shard's rows travel: binary COPY streams from the source into one target transaction.
 
 pg_dump | psql moves rows as text: every value is printed on the source and parsed again on the target, and
-pg_dump does one table after another. Here the schema still comes from pg_dump (`--section=pre-data`, and
-`--section=post-data` for indexes and constraints after the rows, as pg_dump orders them), but each table's
-rows come from `COPY ... TO STDOUT (FORMAT binary)` in a psql on the source, at the given snapshot, and go into
-`COPY ... FROM STDIN (FORMAT binary, FREEZE)` on the caller's target transaction, which created the table:
-no text conversion, and rows are written frozen, so nothing (the verification's scan included) has to set hint
-bits on every page afterwards. Both pg_dumps and the first table's stream start at once, so their start-up
-overlaps. psql streams in C; this process only relays large blocks between a pipe and the target connection.
+pg_dump does one table after another. Here the schema still comes from pg_dump (one `--schema-only` archive,
+which pg_restore prints as pre-data, and post-data for indexes and constraints after the rows, as pg_dump
+orders them), but each table's rows come from `COPY ... TO STDOUT (FORMAT binary)` in a psql on the source, at
+the given snapshot, and go into `COPY ... FROM STDIN (FORMAT binary, FREEZE)` on the caller's target
+transaction, which created the table: no text conversion, and rows are written frozen, so nothing (the
+verification's scan included) has to set hint bits on every page afterwards. The pg_dump and the first table's
+stream start at once; the stream is read ahead into memory (bounded) while the target waits for the schema.
+psql streams in C; this process only relays large blocks between a pipe and the target connection.
 
 A table whose columns use types defined in the database (enums, composites, arrays of them) or a source and
 target of different major versions take the text format: binary values of those carry type OIDs that differ
@@ -16,12 +17,17 @@ between databases.
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
+import queue
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
 import psycopg
@@ -34,6 +40,9 @@ from .context import MoveError
 #: Linux F_SETPIPE_SZ: a 1 MB pipe lets psql run ahead of the relay instead of waiting on every 64 kB.
 _SETPIPE_SZ = 1031
 _BLOCK = 1 << 20
+#: A stream's read-ahead (blocks of up to _BLOCK): what the source may run ahead of the target, e.g. while the
+#: target still waits for the schema. Bounded so a large table never sits in this process's memory.
+_AHEAD = 48
 #: Types below this OID are built in: their binary form is the same in every database of one major version.
 _FIRST_USER_OID = 16384
 
@@ -66,10 +75,11 @@ def _major(conn: psycopg.Connection[Any]) -> int:
     return conn.info.server_version // 10000
 
 
+@functools.lru_cache(maxsize=None)
 def tool(name: str) -> str:
     found = shutil.which(name)
     if found:
-        return found
+        return _unwrapped(found, name)
     try:
         from ..sandbox import find_bindir
 
@@ -81,15 +91,33 @@ def tool(name: str) -> str:
     raise MoveError(f"{name} was not found", hint="install PostgreSQL's client programs or put them on PATH")
 
 
-def die_with_parent() -> None:
-    """In pg_dump/psql children: a mover killed with -9 takes them along, so no restore commits behind its back."""
+def _load_prctl() -> Callable[..., int] | None:
     try:
         import ctypes
-        import signal
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl  # type: ignore[no-any-return]
     except (OSError, AttributeError):
-        pass
+        return None
+
+
+#: Looked up once here, not in every child between fork and exec.
+_PRCTL = _load_prctl()
+
+
+def _unwrapped(path: str, name: str) -> str:
+    """Debian's psql and pg_dump on PATH are pg_wrapper, a Perl script that, for a server named by its host as
+    here, runs the newest installed client: 20 ms of Perl start-up per child, on the copy's critical path. Run
+    that newest client directly."""
+    if os.path.basename(os.path.realpath(path)) != "pg_wrapper":
+        return path
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), key=lambda p: [int(x) for x in re.findall(r"\d+", p.parent.parent.name)])
+    return str(found[-1]) if found else path
+
+
+def die_with_parent() -> None:
+    """In pg_dump/psql children: a mover killed with -9 takes them along, so no restore commits behind its back."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def last_line(text: str) -> str:
@@ -113,27 +141,75 @@ def script_of(dump: bytes, schema: str) -> bytes:
 class _Proc:
     """A client program whose stderr goes to a temp file (read only when it failed)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], *, stdout: Any) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], *, stdout: Any, stdin: Any = subprocess.DEVNULL, connects: bool = True) -> None:
+        """connects: the program holds a snapshot on the source, so it dies with the mover (a child without
+        a preexec function starts 20 times faster, so pg_restore, which connects nowhere, goes without)."""
         self.out: IO[bytes] | None = stdout if stdout is not subprocess.PIPE else None
         self.err: IO[bytes] = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(argv, stdout=stdout, stderr=self.err, stdin=subprocess.DEVNULL, env=env, preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen(argv, stdout=stdout, stderr=self.err, stdin=stdin, env=env, preexec_fn=die_with_parent if connects else None)
 
     def error(self) -> str:
         self.err.seek(0)
         return scrub(last_line(self.err.read().decode(errors="replace")))
 
-    def stop(self) -> None:
+    def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
+
+    def stop(self) -> None:
+        self.kill()
         self.proc.wait()
-        for f in (self.proc.stdout, self.out, self.err):
+        for f in (self.proc.stdin, self.proc.stdout, self.out, self.err):
             if f is not None:
                 f.close()
 
 
+class _Pump:
+    """Drains a stream's pipe into a bounded queue from the moment psql starts: the source's COPY runs while the
+    target is still busy (waiting for the schema's pg_dump, creating the tables, finishing the previous table)
+    instead of stalling on a full pipe, and reading never waits on the target's socket."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.blocks: queue.Queue[bytes | BaseException] = queue.Queue(_AHEAD)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stopped.is_set():
+                block = os.read(self.fd, _BLOCK)
+                self._put(block)
+                if not block:
+                    return
+        except BaseException as e:  # noqa: BLE001 - handed to the reader
+            self._put(e)
+
+    def _put(self, item: bytes | BaseException) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.blocks.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def read(self) -> bytes:
+        """The next block; b"" at the end of the stream."""
+        item = self.blocks.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def stop(self) -> None:
+        """After the process was killed or ended (its pipe then reads as closed)."""
+        self.stopped.set()
+        self.thread.join()
+
+
 class Transfer:
-    """One copy of a shard: start() launches the source side; the caller's target transaction runs
-    pre_data(), copy_rows(), post_data() in that order; close() ends whatever still runs."""
+    """One copy of a shard: start() launches the source side; the caller's target transaction runs restore()
+    (the schema, the rows, indexes and constraints); close() ends whatever still runs."""
 
     def __init__(
         self,
@@ -154,8 +230,11 @@ class Transfer:
         self.encoding = encoding
         self.sections = tuple(sections)
         self.freeze = freeze
-        self.dumps: dict[str, _Proc] = {}
+        self.dump: _Proc | None = None
+        self.printing: dict[str, _Proc] = {}  # section -> its pg_restore
+        self.tee: threading.Thread | None = None
         self.streams: dict[str, _Proc] = {}
+        self.pumps: dict[str, _Pump] = {}
         self.bytes = 0
 
     def __enter__(self) -> Transfer:
@@ -165,35 +244,82 @@ class Transfer:
         self.close()
 
     def start(self) -> None:
-        """The schema's pg_dump and the first table's stream; the post-data pg_dump starts once the schema is
-        out of the way, and runs while the rows flow."""
-        for section in self.sections[:1]:
-            self.dumps[section] = self._dump(section)
+        """The schema's pg_dump (with a pg_restore per section reading its output as it comes) and the first
+        table's stream, at once."""
+        if self.sections:
+            self.dump = self._dump()
+            for name in self.sections:
+                self.printing[name] = _Proc([tool("pg_restore"), f"--section={name}", "--file=-"], self.env,
+                                            stdout=tempfile.TemporaryFile(), stdin=subprocess.PIPE, connects=False)
+            self.tee = threading.Thread(target=self._tee, daemon=True)
+            self.tee.start()
         if self.tables:
             self._stream(self.tables[0])
 
     def close(self) -> None:
-        for p in [*self.dumps.values(), *self.streams.values()]:
+        procs = [*([self.dump] if self.dump else []), *self.printing.values(), *self.streams.values()]
+        for p in procs:
+            p.kill()
+        for pump in self.pumps.values():
+            pump.stop()
+        if self.tee is not None:
+            self.tee.join()
+            self.tee = None
+        for p in procs:
             p.stop()
-        self.dumps.clear()
+        self.dump = None
+        self.printing.clear()
         self.streams.clear()
+        self.pumps.clear()
 
-    def _dump(self, section: str) -> _Proc:
-        argv = [tool("pg_dump"), f"--schema={self.schema}", f"--section={section}", "--no-publications", "--no-subscriptions",
-                "--no-tablespaces", "--no-security-labels", "-d", self.dsn]
+    def _dump(self) -> _Proc:
+        """One pg_dump of the schema (pre-data and post-data) in its archive format, uncompressed, which a
+        pg_restore per section prints: pg_restore needs no connection, a second pg_dump would read the whole
+        catalog again while the rows flow. The pg_restores start with the pg_dump, so each has its SQL out a
+        moment after the archive is complete."""
+        argv = [tool("pg_dump"), f"--schema={self.schema}", "--schema-only", "--format=custom", "--compress=0", "--no-publications",
+                "--no-subscriptions", "--no-tablespaces", "--no-security-labels", "-d", self.dsn]
         if self.snapshot:
             argv += ["--snapshot", self.snapshot]
-        return _Proc(argv, self.env, stdout=tempfile.TemporaryFile())
+        return _Proc(argv, self.env, stdout=subprocess.PIPE)
+
+    def _tee(self) -> None:
+        """The archive (the schema only: small) from pg_dump to every pg_restore."""
+        assert self.dump is not None and self.dump.proc.stdout is not None
+        fd = self.dump.proc.stdout.fileno()
+        sinks = [p.proc.stdin for p in self.printing.values() if p.proc.stdin is not None]
+        try:
+            while True:
+                block = os.read(fd, 1 << 16)
+                if not block:
+                    break
+                for sink in list(sinks):
+                    try:
+                        sink.write(block)
+                    except (OSError, ValueError):  # that pg_restore ended early: section() reports its error
+                        sinks.remove(sink)
+        except OSError:
+            pass
+        finally:
+            for sink in sinks:
+                try:
+                    sink.close()
+                except (OSError, ValueError):
+                    pass
 
     def section(self, section: str) -> bytes:
-        """The SQL of one pg_dump section, once that pg_dump finished."""
-        p = self.dumps[section]
-        if p.proc.wait() != 0:
+        """The SQL of one pg_dump section, once pg_dump and that section's pg_restore finished."""
+        p = self.dump
+        assert p is not None
+        rc = p.proc.wait()
+        if rc != 0:
             raise MoveError(f"pg_dump of {self.schema} failed: {p.error()}")
-        out = p.out
-        assert out is not None
-        out.seek(0)
-        return script_of(out.read(), self.schema)
+        r = self.printing[section]
+        if r.proc.wait() != 0:
+            raise MoveError(f"pg_restore of {self.schema}'s {section} failed: {r.error()}")
+        assert r.out is not None
+        r.out.seek(0)
+        return script_of(r.out.read(), self.schema)
 
     def _stream(self, table: TableCopy) -> _Proc:
         cmds = ["SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"]
@@ -212,6 +338,7 @@ class Transfer:
         except OSError:
             pass
         self.streams[table.name] = p
+        self.pumps[table.name] = _Pump(p.proc.stdout.fileno())
         return p
 
     def restore(self, tgt: psycopg.Connection[Any], on_block: OnBlock | None = None) -> None:
@@ -221,33 +348,27 @@ class Transfer:
             if section == "data":
                 self.copy_rows(tgt, on_block)
             elif section in self.sections:
-                if section not in self.dumps:
-                    self.dumps[section] = self._dump(section)
                 script = self.section(section)
                 if script.strip():
                     tgt.execute(script)
 
     def copy_rows(self, tgt: psycopg.Connection[Any], on_block: OnBlock | None = None) -> None:
         """Every table's rows into tgt's open transaction; the next table's stream starts while this one flows."""
-        for section in self.sections:
-            if section not in self.dumps:
-                self.dumps[section] = self._dump(section)
         for i, table in enumerate(self.tables):
             p = self.streams.get(table.name) or self._stream(table)
             if i + 1 < len(self.tables):
                 self._stream(self.tables[i + 1])
-            self._relay(tgt, table, p, on_block)
+            self._relay(tgt, table, p, self.pumps[table.name], on_block)
+            self.pumps.pop(table.name).stop()
             p.stop()
             del self.streams[table.name]
 
-    def _relay(self, tgt: psycopg.Connection[Any], table: TableCopy, p: _Proc, on_block: OnBlock | None) -> None:
-        assert p.proc.stdout is not None
-        fd = p.proc.stdout.fileno()
+    def _relay(self, tgt: psycopg.Connection[Any], table: TableCopy, p: _Proc, pump: _Pump, on_block: OnBlock | None) -> None:
         sql = q.copy_in_sql(self.schema, table.name, binary=table.binary, freeze=self.freeze)
         try:
             with tgt.cursor().copy(sql) as cp:
                 while True:
-                    block = os.read(fd, _BLOCK)
+                    block = pump.read()
                     if not block:
                         break
                     cp.write(block)
