@@ -7,8 +7,8 @@ orders them), but each table's rows come from `COPY ... TO STDOUT (FORMAT binary
 the given snapshot, and go into `COPY ... FROM STDIN (FORMAT binary, FREEZE)` on the caller's target
 transaction, which created the table: no text conversion, and rows are written frozen, so nothing (the
 verification's scan included) has to set hint bits on every page afterwards. The pg_dump and the first table's
-stream start at once; the stream is read ahead into memory (bounded) while the target waits for the schema.
-psql streams in C; this process only relays large blocks between a pipe and the target connection.
+stream start at once, so their start-up overlaps. psql streams in C; this process only relays large blocks
+between a pipe and the target connection.
 
 A table whose columns use types defined in the database (enums, composites, arrays of them) or a source and
 target of different major versions take the text format: binary values of those carry type OIDs that differ
@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import functools
 import os
-import queue
 import re
 import shutil
 import signal
@@ -40,9 +39,6 @@ from .context import MoveError
 #: Linux F_SETPIPE_SZ: a 1 MB pipe lets psql run ahead of the relay instead of waiting on every 64 kB.
 _SETPIPE_SZ = 1031
 _BLOCK = 1 << 20
-#: A stream's read-ahead (blocks of up to _BLOCK): what the source may run ahead of the target, e.g. while the
-#: target still waits for the schema. Bounded so a large table never sits in this process's memory.
-_AHEAD = 48
 #: Types below this OID are built in: their binary form is the same in every database of one major version.
 _FIRST_USER_OID = 16384
 
@@ -164,49 +160,6 @@ class _Proc:
                 f.close()
 
 
-class _Pump:
-    """Drains a stream's pipe into a bounded queue from the moment psql starts: the source's COPY runs while the
-    target is still busy (waiting for the schema's pg_dump, creating the tables, finishing the previous table)
-    instead of stalling on a full pipe, and reading never waits on the target's socket."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.blocks: queue.Queue[bytes | BaseException] = queue.Queue(_AHEAD)
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self.stopped.is_set():
-                block = os.read(self.fd, _BLOCK)
-                self._put(block)
-                if not block:
-                    return
-        except BaseException as e:  # noqa: BLE001 - handed to the reader
-            self._put(e)
-
-    def _put(self, item: bytes | BaseException) -> None:
-        while not self.stopped.is_set():
-            try:
-                self.blocks.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def read(self) -> bytes:
-        """The next block; b"" at the end of the stream."""
-        item = self.blocks.get()
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    def stop(self) -> None:
-        """After the process was killed or ended (its pipe then reads as closed)."""
-        self.stopped.set()
-        self.thread.join()
-
-
 class Transfer:
     """One copy of a shard: start() launches the source side; the caller's target transaction runs restore()
     (the schema, the rows, indexes and constraints); close() ends whatever still runs."""
@@ -234,7 +187,6 @@ class Transfer:
         self.printing: dict[str, _Proc] = {}  # section -> its pg_restore
         self.tee: threading.Thread | None = None
         self.streams: dict[str, _Proc] = {}
-        self.pumps: dict[str, _Pump] = {}
         self.bytes = 0
 
     def __enter__(self) -> Transfer:
@@ -260,8 +212,6 @@ class Transfer:
         procs = [*([self.dump] if self.dump else []), *self.printing.values(), *self.streams.values()]
         for p in procs:
             p.kill()
-        for pump in self.pumps.values():
-            pump.stop()
         if self.tee is not None:
             self.tee.join()
             self.tee = None
@@ -270,7 +220,6 @@ class Transfer:
         self.dump = None
         self.printing.clear()
         self.streams.clear()
-        self.pumps.clear()
 
     def _dump(self) -> _Proc:
         """One pg_dump of the schema (pre-data and post-data) in its archive format, uncompressed, which a
@@ -338,7 +287,6 @@ class Transfer:
         except OSError:
             pass
         self.streams[table.name] = p
-        self.pumps[table.name] = _Pump(p.proc.stdout.fileno())
         return p
 
     def restore(self, tgt: psycopg.Connection[Any], on_block: OnBlock | None = None) -> None:
@@ -358,17 +306,18 @@ class Transfer:
             p = self.streams.get(table.name) or self._stream(table)
             if i + 1 < len(self.tables):
                 self._stream(self.tables[i + 1])
-            self._relay(tgt, table, p, self.pumps[table.name], on_block)
-            self.pumps.pop(table.name).stop()
+            self._relay(tgt, table, p, on_block)
             p.stop()
             del self.streams[table.name]
 
-    def _relay(self, tgt: psycopg.Connection[Any], table: TableCopy, p: _Proc, pump: _Pump, on_block: OnBlock | None) -> None:
+    def _relay(self, tgt: psycopg.Connection[Any], table: TableCopy, p: _Proc, on_block: OnBlock | None) -> None:
+        assert p.proc.stdout is not None
+        fd = p.proc.stdout.fileno()
         sql = q.copy_in_sql(self.schema, table.name, binary=table.binary, freeze=self.freeze)
         try:
             with tgt.cursor().copy(sql) as cp:
                 while True:
-                    block = pump.read()
+                    block = os.read(fd, _BLOCK)
                     if not block:
                         break
                     cp.write(block)
