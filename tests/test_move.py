@@ -527,3 +527,25 @@ def test_verify_in_pause_and_drop_source(config: Config) -> None:
     assert read_map(config).ok and leftovers(config.databases) == []
     with pytest.raises(MoveError, match="no database keeps a retired copy of shard 2"):
         cleanup(config, 2)
+
+
+def test_a_target_without_catalog_is_probed_like_init(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database that gets its first shard by a move gets init's argument-order check before the catalog and
+    the shard's next_id() land there; a refusal (the probe inverted) leaves the source serving, nothing behind."""
+    from pgidgen import idgen
+    from pgidgen.errors import PgidgenError
+
+    setup_shards(config, rows=20, databases=("db1",))
+    monkeypatch.setattr(idgen, "ORDER_PROBE", idgen.ORDER_PROBE.replace("(b OPERATOR(pg_catalog.=) c)", "(b OPERATOR(pg_catalog.<>) c)"))
+    with pytest.raises(PgidgenError) as e:
+        move_shard(config, 1, "db3")
+    assert "database db3 evaluates function arguments out of order" in str(e.value)
+    with psycopg.connect(config.dsn("db3")) as c:
+        assert c.execute("SELECT to_regnamespace('pgidgen') IS NULL AND to_regnamespace('shard_1') IS NULL").fetchone()[0]
+    rollback_move(config, 1)
+    assert state_of(config.dsn("db1"), 1) == ("active", "shard_1")
+    assert leftovers(config.databases) == []
+    monkeypatch.undo()
+    report = move_shard(config, 1, "db3")
+    assert report.verification is not None and report.verification.ok
+    assert state_of(config.dsn("db3"), 1) == ("active", "shard_1")

@@ -23,7 +23,7 @@ from ..config import Config
 from ..db import connect, execute_script, pg_message, scrub, tool_args
 from ..errors import ConflictError, DatabaseError, PgidgenError
 from ..ddl.ledger import DDL_LOCK, ledger_copy_sql
-from ..idgen import LOCK_CLASS, render_catalog
+from ..idgen import LOCK_CLASS, check_argument_order, render_catalog
 from ..render import static_sql
 from . import sqltext as q
 from .context import (
@@ -250,6 +250,7 @@ def ensure_catalog(conn: psycopg.Connection[Any], name: str, config: Config, *, 
             if not have[0]:
                 if layout is None:
                     raise MoveError(f"database {name} has no pgidgen catalog", hint="run 'pgidgen init' first")
+                check_argument_order(conn, name)  # a database that gets its first shard by a move: init's check
                 execute_script(conn, render_catalog(layout, shard_count=shard_count))
             else:
                 execute_script(conn, static_sql("catalog.sql"))
