@@ -84,6 +84,8 @@ SET LOCAL jit_inline_above_cost = 0;
 SET LOCAL jit_optimize_above_cost = 0;
 INSERT INTO pg_temp.pgidgen_order_probe_t (n) SELECT g FROM pg_catalog.generate_series(1, 100) AS g;
 """
+ORDER_ERROR = "evaluates function arguments out of order, which next_id()'s fast path relies on"
+ORDER_HINT = "report the PostgreSQL version to pgidgen; nothing was installed"
 ORDER_CHECK = """
 SELECT pg_catalog.count(*) FROM pg_temp.pgidgen_order_probe_t WHERE ok IS NOT TRUE
 UNION ALL
@@ -100,10 +102,7 @@ def check_argument_order(conn: psycopg.Connection[Any], database: str) -> None:
         conn.execute(ORDER_PROBE)
         bad = sum(int(r[0]) for r in conn.execute(ORDER_CHECK))
     if bad:
-        raise DatabaseError(
-            f"database {database} evaluates function arguments out of order, which next_id()'s fast path relies on",
-            hint="report the PostgreSQL version to pgidgen; nothing was installed",
-        )
+        raise DatabaseError(f"database {database} {ORDER_ERROR}", hint=ORDER_HINT)
 
 
 def render_order_probe() -> str:
@@ -111,8 +110,7 @@ def render_order_probe() -> str:
     return ORDER_PROBE + (
         "DO $probe$ BEGIN\n"
         f"    IF (SELECT pg_catalog.sum(n) FROM ({ORDER_CHECK.strip()}) AS c(n)) OPERATOR(pg_catalog.>) 0 THEN\n"
-        "        RAISE EXCEPTION 'pgidgen: this server evaluates function arguments out of order, which next_id()''s fast path relies on'\n"
-        "            USING HINT = 'report the PostgreSQL version to pgidgen; nothing was installed';\n"
+        f"        RAISE EXCEPTION {literal('pgidgen: this server ' + ORDER_ERROR)} USING HINT = {literal(ORDER_HINT)};\n"
         "    END IF;\n"
         "END $probe$;\n"
         "DROP TABLE pg_temp.pgidgen_order_probe_t;\n"
