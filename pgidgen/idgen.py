@@ -15,6 +15,10 @@ LOCK_CLASS = 1885825380
 #: The generator templates; the layout and shard number are rendered into them.
 GENERATORS = {"seqlock": "generators/seqlock.sql.j2"}
 DEFAULT_GENERATOR = "seqlock"
+#: When next_id()'s slow path finds a busy shard's time field behind the clock (it issued an ID within the last
+#: LEAD_MS + 1 ms), it raises it to LEAD_MS ahead of the clock rather than to the clock, so the generator lock is
+#: taken once per LEAD_MS + 1 ms of activity instead of every millisecond (docs/next_id.md, "Time").
+LEAD_MS = 4
 
 
 def schema_name(shard: int) -> str:
@@ -45,6 +49,7 @@ def render_shard(layout: Layout, shard: int, *, grant_roles: Sequence[str] = (),
         generator_template=GENERATORS[generator],
         grant_roles=list(grant_roles),
         lock_class=LOCK_CLASS,
+        lead_ms=LEAD_MS,
         vmax=(layout.max_time << layout.sequence_bits) | (layout.ids_per_ms - 1),
         shard_bits_value=shard << layout.shard_shift,
         runs_out=iso_ms(layout.epoch_ms + (1 << layout.time_bits)),
