@@ -70,6 +70,8 @@ def test_the_fast_path_reads_are_the_defaults_in_the_order_the_protocol_needs(ds
             "pg_sequence_last_value('shard_2.pgidgen_offset'::regclass)",
             "nextval('shard_2.pgidgen_counter'::regclass)",
             "pg_sequence_last_value('shard_2.pgidgen_offset'::regclass)",
+            "clock_timestamp()",
+            "pg_current_xact_id_if_assigned()",
         ]
         conn.execute("CREATE SEQUENCE public.probe_seq")
         conn.execute(
