@@ -65,7 +65,8 @@ class PhotoApp:
         return self.router.run_for_id(photo_id, work)
 
     def id_time(self, any_id: int) -> dt.datetime:
-        """When an ID was made, to the millisecond: no query needed."""
+        """When an ID was made, no query needed: to the millisecond, or up to 4 ms later for a busy shard
+        (docs/next_id.md, "Time")."""
         return ms_to_datetime(self.router.layout.decode(any_id)[0])
 
     # reads
@@ -94,7 +95,8 @@ class PhotoApp:
         )
 
     def photos_between(self, user_id: int, start: dt.datetime, end: dt.datetime) -> list[Photo]:
-        """A time range on the primary key alone: the ID's high bits are its creation time."""
+        """A time range on the primary key alone: the ID's high bits are its creation time (give or take the
+        4 ms a busy shard's IDs may run ahead; docs/next_id.md, "Time")."""
         return self.router.run_for_key(
             user_id,
             lambda conn: _photos(

@@ -15,9 +15,10 @@ LOCK_CLASS = 1885825380
 #: The generator templates; the layout and shard number are rendered into them.
 GENERATORS = {"seqlock": "generators/seqlock.sql.j2"}
 DEFAULT_GENERATOR = "seqlock"
-#: When next_id()'s slow path finds a busy shard's time field behind the clock (it issued an ID within the last
-#: LEAD_MS + 1 ms), it raises it to LEAD_MS ahead of the clock rather than to the clock, so the generator lock is
-#: taken once per LEAD_MS + 1 ms of activity instead of every millisecond (docs/next_id.md, "Time").
+#: When next_id()'s slow path finds a busy shard's time field just behind the clock (by one millisecond: the shard
+#: drew IDs in every millisecond of its time field), it raises it to LEAD_MS ahead of the clock rather than to the
+#: clock, so the generator lock is taken once per LEAD_MS + 1 ms of activity instead of every millisecond
+#: (docs/next_id.md, "Time"). Further behind (a pause of 2 ms or more), it raises it to the clock.
 LEAD_MS = 4
 
 
