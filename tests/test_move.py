@@ -18,6 +18,7 @@ from pgidgen.config import Config
 from pgidgen.init import init
 from pgidgen.move import CopyProgress, MoveError, MoveOptions, cleanup, move_shard, resume_move, rollback_move, verify_move
 from pgidgen.move.journal import ONLINE_STEPS, POINT_OF_NO_RETURN
+from pgidgen.move.sqltext import DEPENDS_ON_CATALOG_SQL
 from pgidgen.move.transfer import plan_tables
 from pgidgen.shardmap import read_map
 
@@ -549,3 +550,19 @@ def test_a_target_without_catalog_is_probed_like_init(config: Config, monkeypatc
     report = move_shard(config, 1, "db3")
     assert report.verification is not None and report.verification.ok
     assert state_of(config.dsn("db3"), 1) == ("active", "shard_1")
+
+
+def test_a_shard_whose_tables_use_catalog_objects_moves_to_a_target_without_catalog(config: Config) -> None:
+    """The catalog of a new target goes in beside the copy (on a connection of its own); a shard whose objects
+    depend on catalog objects (here a CHECK calling pgidgen.decode) waits for it before its schema is created."""
+    setup_shards(config, rows=20, databases=("db1",))
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("ALTER TABLE shard_1.t ADD CONSTRAINT id_of_shard_1 CHECK ((pgidgen.decode(id)).shard = 1)")
+        depends = {n: c.execute(DEPENDS_ON_CATALOG_SQL, {"schema": f"shard_{n}"}).fetchone()[0] for n in (0, 1)}
+    assert depends == {0: False, 1: True}
+    report = move_shard(config, 1, "db3")
+    assert report.verification is not None and report.verification.ok
+    assert state_of(config.dsn("db3"), 1) == ("active", "shard_1")
+    with psycopg.connect(config.dsn("db3")) as c:
+        assert c.execute("SELECT count(*) FROM pg_constraint WHERE conname = 'id_of_shard_1'").fetchone()[0] == 1
+    assert leftovers(config.databases) == []

@@ -463,6 +463,18 @@ class Mover:
     def _ensure_target_catalog(self) -> None:
         ensure_catalog(self.tgt, self.ctx.target, self.config, layout=self.ctx.layout, shard_count=self.ctx.shard_count)
 
+    def _install_target_catalog_apart(self) -> None:
+        """_ensure_target_catalog on a connection of its own, so that it can run while the copy goes into the
+        target on self.tgt (a new database's catalog takes 100-200 ms, most of it init's argument-order probe)."""
+        with connect(self.ctx.target, self.config.dsn(self.ctx.target), autocommit=True) as conn:
+            ensure_catalog(conn, self.ctx.target, self.config, layout=self.ctx.layout, shard_count=self.ctx.shard_count)
+
+    def _shard_depends_on_catalog(self) -> bool:
+        """Whether any object of the shard's schema depends on one in the pgidgen schema (a column DEFAULT or a
+        CHECK calling a pgidgen function, a pgidgen type, ...): then the catalog must exist before the schema."""
+        row = self.admin.execute(q.DEPENDS_ON_CATALOG_SQL, {"schema": self.ctx.source_schema or self.ctx.schema}).fetchone()
+        return bool(row and row[0])
+
     def dump_schema(self) -> bytes:
         src_dsn, src_env = tool_args(self.config.dsn(self.ctx.source))
         proc = subprocess.run(
@@ -552,12 +564,16 @@ class Mover:
             created.append(str(row[1]))
             return str(row[2])
 
-        # The target's catalog (installed on a new database: tens of ms) goes in on the target connection while
-        # this thread creates the slot and starts the source's pg_dump, which the target waits for anyway.
-        catalog: Background[None] = Background(self._ensure_target_catalog)
+        # The target's catalog (on a new database: 100-200 ms, most of it the argument-order probe) goes in on a
+        # connection of its own while this thread creates the slot, pg_dump runs and the rows flow; the copy's
+        # transaction waits for it before it adds the shard's catalog row and commits (and before it starts,
+        # when the shard's objects depend on catalog objects). A failed probe rolls the copy back.
+        first = self._shard_depends_on_catalog()
+        catalog: Background[None] = Background(self._install_target_catalog_apart)
         try:
             self._transfer(slot, ("pre-data", "post-data"), then=q.target_row_sql(self.ctx.shard, self.ctx.schema, reset_offset=False),
-                           started=lambda: self.journal.note("copy", consistent_point=created[0]), ready=catalog)
+                           started=lambda: self.journal.note("copy", consistent_point=created[0]),
+                           ready=catalog if first else None, before_then=catalog)
         finally:
             catalog.join()
             repl.close()
@@ -578,12 +594,13 @@ class Mover:
         truncate: bool = False,
         started: Callable[[], None] | None = None,
         ready: Background[None] | None = None,
+        before_then: Background[None] | None = None,
     ) -> None:
         """The shard's rows (and the given pg_dump sections around them) into one target transaction, followed by
         `then` in it. snapshot() gives the snapshot to copy at (the online copy creates its slot there): called
         once the tables' formats are planned, so the source's pg_dump and first stream start the moment it returns;
-        started() runs right after. ready: work on the target connection, waited for before the transaction
-        opens. truncate: the tables exist already (offline), emptying them in this transaction lets the rows go in
+        started() runs right after. ready: work on the target, waited for before the transaction
+        opens; before_then: waited for before `then` runs in it. truncate: the tables exist already (offline), emptying them in this transaction lets the rows go in
         frozen all the same."""
         schema = self.ctx.schema
         plan = plan_tables(self.admin, self.tgt, self.ctx.source_schema or schema, [t.name for t in self.ctx.tables])
@@ -599,6 +616,8 @@ class Mover:
                 if truncate and plan:
                     self.tgt.execute(f"TRUNCATE {', '.join('ONLY ' + q.ident(schema, t.name) for t in plan)}")
                 tr.restore(self.tgt, self._copy_progress())
+                if before_then is not None:
+                    before_then.result()
                 execute_script(self.tgt, then)
                 self._point("copy:restored")  # all of it in, not yet committed
         except psycopg.Error as e:

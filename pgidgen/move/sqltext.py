@@ -95,6 +95,18 @@ def heartbeat_sql(token: str, beat: int) -> str:
 
 
 #: The source side of a text-format row stream prints values the way pg_dump does, so any target reads them back.
+#: Does any object of the shard's schema depend on an object of the pgidgen schema (pg_depend: column defaults,
+#: constraints, types, views, triggers; not function bodies)? Only the catalog's own objects are identified.
+DEPENDS_ON_CATALOG_SQL = """
+WITH ref (c, o) AS (
+    SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, oid FROM pg_catalog.pg_proc WHERE pronamespace = 'pgidgen'::pg_catalog.regnamespace
+    UNION ALL SELECT 'pg_catalog.pg_type'::pg_catalog.regclass, oid FROM pg_catalog.pg_type WHERE typnamespace = 'pgidgen'::pg_catalog.regnamespace
+    UNION ALL SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, oid FROM pg_catalog.pg_class WHERE relnamespace = 'pgidgen'::pg_catalog.regnamespace)
+SELECT EXISTS (
+    SELECT FROM pg_catalog.pg_depend d JOIN ref ON d.refclassid = ref.c AND d.refobjid = ref.o
+    WHERE (pg_catalog.pg_identify_object(d.classid, d.objid, d.objsubid)).schema = %(schema)s)
+"""
+
 COPY_OUT_SETTINGS = ["SET DateStyle = 'ISO'", "SET IntervalStyle = 'postgres'", "SET extra_float_digits = 3"]
 
 
