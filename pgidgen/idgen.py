@@ -67,7 +67,8 @@ def render_catalog_grants(roles: Sequence[str]) -> str:
 #: b = a + 1 and c = b) and is called the ways next_id is: an aggregate's argument, a column DEFAULT of an
 #: INSERT ... SELECT, a PL/pgSQL assignment, a generic prepared plan, and the INSERT once JIT-compiled where the
 #: server has JIT (without LLVM's optimisation and inlining: 35 ms instead of 110-160 per database, and they
-#: cannot change the order of calls that have side effects, which is all the probe looks at). Temporary objects, created in a savepoint that is rolled back (or dropped, in the --sql script).
+#: cannot change the order of calls that have side effects, which is all the probe looks at). Temporary objects,
+#: created in a savepoint that is rolled back (or dropped, in the --sql script).
 ORDER_PROBE = """
 CREATE TEMPORARY SEQUENCE pgidgen_order_probe;
 SELECT pg_catalog.nextval('pg_temp.pgidgen_order_probe');

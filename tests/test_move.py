@@ -554,12 +554,15 @@ def test_a_target_without_catalog_is_probed_like_init(config: Config, monkeypatc
 
 def test_a_shard_whose_tables_use_catalog_objects_moves_to_a_target_without_catalog(config: Config) -> None:
     """The catalog of a new target goes in beside the copy (on a connection of its own); a shard whose objects
-    depend on catalog objects (here a CHECK calling pgidgen.decode) waits for it before its schema is created."""
+    depend on catalog objects (a CHECK calling pgidgen.decode; also seen through a view and a column default)
+    waits for it before its schema is created."""
     setup_shards(config, rows=20, databases=("db1",))
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
         c.execute("ALTER TABLE shard_1.t ADD CONSTRAINT id_of_shard_1 CHECK ((pgidgen.decode(id)).shard = 1)")
-        depends = {n: c.execute(DEPENDS_ON_CATALOG_SQL, {"schema": f"shard_{n}"}).fetchone()[0] for n in (0, 1)}
-    assert depends == {0: False, 1: True}
+        c.execute("CREATE VIEW shard_2.shards_of AS SELECT (pgidgen.decode(id)).shard FROM shard_2.t")  # a rule
+        c.execute("ALTER TABLE shard_3.t ADD COLUMN s int DEFAULT (pgidgen.decode(0)).shard")  # a column default
+        depends = {n: c.execute(DEPENDS_ON_CATALOG_SQL, {"schema": f"shard_{n}"}).fetchone()[0] for n in range(4)}
+    assert depends == {0: False, 1: True, 2: True, 3: True}
     report = move_shard(config, 1, "db3")
     assert report.verification is not None and report.verification.ok
     assert state_of(config.dsn("db3"), 1) == ("active", "shard_1")

@@ -599,9 +599,9 @@ class Mover:
         """The shard's rows (and the given pg_dump sections around them) into one target transaction, followed by
         `then` in it. snapshot() gives the snapshot to copy at (the online copy creates its slot there): called
         once the tables' formats are planned, so the source's pg_dump and first stream start the moment it returns;
-        started() runs right after. ready: work on the target, waited for before the transaction
-        opens; before_then: waited for before `then` runs in it. truncate: the tables exist already (offline), emptying them in this transaction lets the rows go in
-        frozen all the same."""
+        started() runs right after. ready: work on the target, waited for before the transaction opens;
+        before_then: waited for before `then` runs in it. truncate: the tables exist already (offline), emptying
+        them in this transaction lets the rows go in frozen all the same."""
         schema = self.ctx.schema
         plan = plan_tables(self.admin, self.tgt, self.ctx.source_schema or schema, [t.name for t in self.ctx.tables])
         encoding = str(self.admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]

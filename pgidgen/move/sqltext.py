@@ -94,19 +94,30 @@ def heartbeat_sql(token: str, beat: int) -> str:
     return f"INSERT INTO pgidgen.move_heartbeat (token, beat) VALUES ({literal(token)}, {beat});\n"
 
 
-#: The source side of a text-format row stream prints values the way pg_dump does, so any target reads them back.
 #: Does any object of the shard's schema depend on an object of the pgidgen schema (pg_depend: column defaults,
-#: constraints, types, views, triggers; not function bodies)? Only the catalog's own objects are identified.
+#: constraints, types, views, triggers, policies; not function bodies)? Only the catalog's objects' dependents are
+#: looked at; those without a schema of their own (defaults, rules, triggers, policies) count by their table's.
 DEPENDS_ON_CATALOG_SQL = """
 WITH ref (c, o) AS (
     SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, oid FROM pg_catalog.pg_proc WHERE pronamespace = 'pgidgen'::pg_catalog.regnamespace
     UNION ALL SELECT 'pg_catalog.pg_type'::pg_catalog.regclass, oid FROM pg_catalog.pg_type WHERE typnamespace = 'pgidgen'::pg_catalog.regnamespace
-    UNION ALL SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, oid FROM pg_catalog.pg_class WHERE relnamespace = 'pgidgen'::pg_catalog.regnamespace)
-SELECT EXISTS (
-    SELECT FROM pg_catalog.pg_depend d JOIN ref ON d.refclassid = ref.c AND d.refobjid = ref.o
-    WHERE (pg_catalog.pg_identify_object(d.classid, d.objid, d.objsubid)).schema = %(schema)s)
+    UNION ALL SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, oid FROM pg_catalog.pg_class WHERE relnamespace = 'pgidgen'::pg_catalog.regnamespace),
+dependent (classid, objid, objsubid) AS (
+    SELECT d.classid, d.objid, d.objsubid FROM pg_catalog.pg_depend d JOIN ref ON d.refclassid = ref.c AND d.refobjid = ref.o),
+owner (schema) AS (
+    SELECT coalesce((pg_catalog.pg_identify_object(classid, objid, objsubid)).schema, (
+        SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+        WHERE c.oid = CASE classid
+            WHEN 'pg_catalog.pg_attrdef'::pg_catalog.regclass THEN (SELECT adrelid FROM pg_catalog.pg_attrdef WHERE oid = objid)
+            WHEN 'pg_catalog.pg_rewrite'::pg_catalog.regclass THEN (SELECT ev_class FROM pg_catalog.pg_rewrite WHERE oid = objid)
+            WHEN 'pg_catalog.pg_trigger'::pg_catalog.regclass THEN (SELECT tgrelid FROM pg_catalog.pg_trigger WHERE oid = objid)
+            WHEN 'pg_catalog.pg_policy'::pg_catalog.regclass THEN (SELECT polrelid FROM pg_catalog.pg_policy WHERE oid = objid)
+        END))
+    FROM dependent)
+SELECT EXISTS (SELECT FROM owner WHERE schema = %(schema)s)
 """
 
+#: The source side of a text-format row stream prints values the way pg_dump does, so any target reads them back.
 COPY_OUT_SETTINGS = ["SET DateStyle = 'ISO'", "SET IntervalStyle = 'postgres'", "SET extra_float_digits = 3"]
 
 
