@@ -37,7 +37,7 @@ from .context import (
     read_tables,
 )
 from .journal import POINT_OF_NO_RETURN, Journal, MoveRecord, lock_holder, open_move, release, try_lock
-from .transfer import Transfer, last_line, plan_tables, script_of, tool
+from .transfer import DUMP_OPTIONS, Transfer, last_line, plan_tables, script_of, tool
 from .verify import Verification, compare
 
 Hook = Callable[[str], None]
@@ -460,14 +460,14 @@ class Mover:
                                 hint=f"wait for it to finish, then 'pgidgen move-shard --resume {self.ctx.shard}'")
             self.admin.execute(q.source_moving_sql(self.ctx.shard))
 
-    def _ensure_target_catalog(self) -> None:
-        ensure_catalog(self.tgt, self.ctx.target, self.config, layout=self.ctx.layout, shard_count=self.ctx.shard_count)
+    def _ensure_target_catalog(self, conn: psycopg.Connection[Any] | None = None) -> None:
+        ensure_catalog(conn or self.tgt, self.ctx.target, self.config, layout=self.ctx.layout, shard_count=self.ctx.shard_count)
 
     def _install_target_catalog_apart(self) -> None:
         """_ensure_target_catalog on a connection of its own, so that it can run while the copy goes into the
         target on self.tgt (a new database's catalog takes 100-200 ms, most of it init's argument-order probe)."""
         with connect(self.ctx.target, self.config.dsn(self.ctx.target), autocommit=True) as conn:
-            ensure_catalog(conn, self.ctx.target, self.config, layout=self.ctx.layout, shard_count=self.ctx.shard_count)
+            self._ensure_target_catalog(conn)
 
     def _shard_depends_on_catalog(self) -> bool:
         """Whether any object of the shard's schema depends on one in the pgidgen schema (a column DEFAULT or a
@@ -478,8 +478,7 @@ class Mover:
     def dump_schema(self) -> bytes:
         src_dsn, src_env = tool_args(self.config.dsn(self.ctx.source))
         proc = subprocess.run(
-            [tool("pg_dump"), "--section=pre-data", f"--schema={self.ctx.schema}", "--no-publications", "--no-subscriptions",
-             "--no-tablespaces", "--no-security-labels", "-d", src_dsn],
+            [tool("pg_dump"), "--section=pre-data", f"--schema={self.ctx.schema}", *DUMP_OPTIONS, "-d", src_dsn],
             capture_output=True, env=src_env,
         )
         if proc.returncode != 0:

@@ -43,6 +43,8 @@ _BLOCK = 1 << 20
 _FIRST_USER_OID = 16384
 
 OnBlock = Callable[[str, int], None]
+#: What a shard's pg_dump leaves out: the move's own publication and subscription, and server-specific settings.
+DUMP_OPTIONS = ["--no-publications", "--no-subscriptions", "--no-tablespaces", "--no-security-labels"]
 
 
 @dataclass
@@ -226,8 +228,7 @@ class Transfer:
         pg_restore per section prints: pg_restore needs no connection, a second pg_dump would read the whole
         catalog again while the rows flow. The pg_restores start with the pg_dump, so each has its SQL out a
         moment after the archive is complete."""
-        argv = [tool("pg_dump"), f"--schema={self.schema}", "--schema-only", "--format=custom", "--compress=0", "--no-publications",
-                "--no-subscriptions", "--no-tablespaces", "--no-security-labels", "-d", self.dsn]
+        argv = [tool("pg_dump"), f"--schema={self.schema}", "--schema-only", "--format=custom", "--compress=0", *DUMP_OPTIONS, "-d", self.dsn]
         if self.snapshot:
             argv += ["--snapshot", self.snapshot]
         return _Proc(argv, self.env, stdout=subprocess.PIPE)
