@@ -105,6 +105,50 @@ def pgbench_tps(server: Server, table: str, tmp: Path, mode: str) -> float:
     return float(m.group(1))
 
 
+#: pgbench's tables: (table, label). Autovacuum is off on them: an ANALYZE that lands in one table's run and not in
+#: another's skewed single rounds by 10-20%.
+PGBENCH_TABLES = (
+    ("t_bigserial", "bigserial key"),
+    ("t_next_id", "DEFAULT shard_1.next_id() key"),
+    ("t_uuid", "uuid key (gen_random_uuid)"),
+    ("t_plpgsql", "DEFAULT one-line PL/pgSQL nextval"),
+)
+DURABLE_ROUNDS = int(os.environ.get("BENCH_PGBENCH_DURABLE_ROUNDS", "3"))
+
+
+def pgbench_tables(dsn: str) -> list[str]:
+    """The last, a PL/pgSQL function that only returns nextval, is the floor for any generator written in
+    PL/pgSQL: the cost of calling one from a column default."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE SEQUENCE public.plpgsql_seq")
+        conn.execute("CREATE FUNCTION public.plpgsql_nextval() RETURNS bigint LANGUAGE plpgsql"
+                     " AS $$BEGIN RETURN nextval('public.plpgsql_seq'); END$$")
+        conn.execute("CREATE TABLE t_next_id (id bigint PRIMARY KEY DEFAULT shard_1.next_id(), v int) WITH (autovacuum_enabled = off)")
+        conn.execute("CREATE TABLE t_bigserial (id bigserial PRIMARY KEY, v int) WITH (autovacuum_enabled = off)")
+        conn.execute("CREATE TABLE t_uuid (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), v int) WITH (autovacuum_enabled = off)")
+        conn.execute("CREATE TABLE t_plpgsql (id bigint PRIMARY KEY DEFAULT public.plpgsql_nextval(), v int) WITH (autovacuum_enabled = off)")
+    return [t for t, _ in PGBENCH_TABLES]
+
+
+def pgbench_compare(server: Server, tmp: Path, tables: list[str], rounds: int) -> None:
+    """simple: every INSERT is parsed and planned (psql, drivers without server-side prepare);
+    prepared: planned once per connection (psycopg 3 after 5 runs, JDBC, asyncpg, pgx, npgsql).
+    The machine is shared: load drifts within a run. Each round runs the tables back to back (in alternating
+    order), and the ratio printed is the median over rounds of each round's own ratio."""
+    modes = ("simple", "prepared")
+    runs: dict[tuple[str, str], list[float]] = {(m, t): [] for m in modes for t in tables}
+    for r in range(rounds):
+        for m in modes:
+            for t in (tables if r % 2 == 0 else tables[::-1]):
+                runs[m, t].append(pgbench_tps(server, t, tmp, m))
+    for m in modes:
+        base = runs[m, "t_bigserial"]
+        for t, label in PGBENCH_TABLES:
+            ratios = sorted(x / b for x, b in zip(runs[m, t], base))
+            print(f"  {label + ', -M ' + m:<48} {statistics.median(runs[m, t]):>12.0f} tps   ratio {ratios[len(ratios) // 2]:6.2f}x"
+                  f" of bigserial (median of {len(ratios)} rounds; range {ratios[0]:.2f}-{ratios[-1]:.2f})", flush=True)
+
+
 def run() -> None:
     with servers(1) as srv, tempfile.TemporaryDirectory() as tmp_dir:
         server = srv[0]
@@ -139,33 +183,15 @@ def run() -> None:
             row(f"{n} sessions, next_id, all on shard 1", one / 1e3, "k IDs/s", seq_one / 1e3, "of nextval on one sequence")
             row(f"{n} sessions, next_id, one shard each", spread / 1e3, "k IDs/s", one / 1e3, "of all on one shard")
 
-        section(f"pgbench INSERT throughput, 4 clients, {PGBENCH_SECONDS}s per run, {PGBENCH_ROUNDS} interleaved rounds")
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("CREATE TABLE t_next_id (id bigint PRIMARY KEY DEFAULT shard_1.next_id(), v int)")
-            conn.execute("CREATE TABLE t_bigserial (id bigserial PRIMARY KEY, v int)")
-            conn.execute("CREATE TABLE t_uuid (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), v int)")
-        tables = ("t_bigserial", "t_next_id", "t_uuid")
-        # simple: every INSERT is parsed and planned (psql, drivers without server-side prepare);
-        # prepared: planned once per connection (psycopg 3 after 5 runs, JDBC, asyncpg, pgx, npgsql).
-        modes = ("simple", "prepared")
-        # The machine is shared: load drifts within a run. Each round runs the three tables back to back (in
-        # alternating order), and the ratio printed is the median over rounds of each round's own ratio.
-        runs: dict[tuple[str, str], list[float]] = {(m, t): [] for m in modes for t in tables}
-        for r in range(PGBENCH_ROUNDS):
-            for m in modes:
-                for t in (tables if r % 2 == 0 else tables[::-1]):
-                    runs[m, t].append(pgbench_tps(server, t, tmp, m))
-        for m in modes:
-            base = runs[m, "t_bigserial"]
-            for t, label in (("t_bigserial", "bigserial key"), ("t_next_id", "DEFAULT shard_1.next_id() key"), ("t_uuid", "uuid key (gen_random_uuid)")):
-                ratios = sorted(x / b for x, b in zip(runs[m, t], base))
-                print(f"  {label + ', -M ' + m:<48} {statistics.median(runs[m, t]):>12.0f} tps   ratio {ratios[len(ratios) // 2]:6.2f}x"
-                      f" of bigserial (median of {len(ratios)} rounds; range {ratios[0]:.2f}-{ratios[-1]:.2f})", flush=True)
+        section(f"pgbench INSERT throughput, 4 clients, {PGBENCH_SECONDS}s per run, {PGBENCH_ROUNDS} interleaved rounds;"
+                " the sandbox server (fsync off: CPU-bound, the worst case for any key function)")
+        tables = pgbench_tables(dsn)
+        pgbench_compare(server, tmp, tables, PGBENCH_ROUNDS)
 
         section(f"primary-key index size after {INDEX_ROWS} rows (one INSERT ... SELECT each, fresh tables)")
         sizes: dict[str, float] = {}
         with psycopg.connect(dsn, autocommit=True) as conn:
-            for t in tables:
+            for t in ("t_bigserial", "t_next_id", "t_uuid"):
                 conn.execute(f"TRUNCATE {t}")
                 conn.execute(f"INSERT INTO {t} (v) SELECT 1 FROM generate_series(1, {INDEX_ROWS})")
                 conn.execute(f"VACUUM ANALYZE {t}")
@@ -174,3 +200,10 @@ def run() -> None:
         for t, label in (("t_bigserial", "bigserial"), ("t_next_id", "next_id"), ("t_uuid", "uuid (random)")):
             row(label, sizes[t], "MiB", sizes["t_bigserial"], "of bigserial")
         print(f"  (duplicates among the {INDEX_ROWS} next_id keys: {dup})", flush=True)
+
+    with servers(1, fsync="on", full_page_writes="on") as srv, tempfile.TemporaryDirectory() as tmp_dir:
+        durable = srv[0]
+        init(Config(layout=Layout.make(), databases={"db1": durable.dsn}), 2)
+        section(f"pgbench INSERT throughput as above, on a server with PostgreSQL's default durability (fsync and"
+                f" full_page_writes on), {DURABLE_ROUNDS} rounds")
+        pgbench_compare(durable, Path(tmp_dir), pgbench_tables(durable.dsn), DURABLE_ROUNDS)
