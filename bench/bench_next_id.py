@@ -31,6 +31,7 @@ IDS = int(os.environ.get("BENCH_NEXT_ID_IDS", "1000000"))
 ROUNDS = int(os.environ.get("BENCH_RUNS", "3"))
 PGBENCH_SECONDS = int(os.environ.get("BENCH_PGBENCH_SECONDS", "3"))
 PGBENCH_ROUNDS = int(os.environ.get("BENCH_PGBENCH_ROUNDS", "5"))
+DURABLE_ROUNDS = int(os.environ.get("BENCH_PGBENCH_DURABLE_ROUNDS", "3"))
 INDEX_ROWS = int(os.environ.get("BENCH_INDEX_ROWS", "1000000"))
 SESSIONS = (1, 2, 4, 8)
 
@@ -105,37 +106,33 @@ def pgbench_tps(server: Server, table: str, tmp: Path, mode: str) -> float:
     return float(m.group(1))
 
 
-#: pgbench's tables: (table, label). Autovacuum is off on them: an ANALYZE that lands in one table's run and not in
-#: another's skewed single rounds by 10-20%.
+#: pgbench's tables: (table, key column, label). Autovacuum is off on them: an ANALYZE that lands in one table's
+#: run and not in another's skewed single rounds by 10-20%. The last key, a PL/pgSQL function that only returns
+#: nextval, is the floor for any generator written in PL/pgSQL: the cost of calling one from a column default.
 PGBENCH_TABLES = (
-    ("t_bigserial", "bigserial key"),
-    ("t_next_id", "DEFAULT shard_1.next_id() key"),
-    ("t_uuid", "uuid key (gen_random_uuid)"),
-    ("t_plpgsql", "DEFAULT one-line PL/pgSQL nextval"),
+    ("t_bigserial", "id bigserial PRIMARY KEY", "bigserial key"),
+    ("t_next_id", "id bigint PRIMARY KEY DEFAULT shard_1.next_id()", "DEFAULT shard_1.next_id() key"),
+    ("t_uuid", "id uuid PRIMARY KEY DEFAULT gen_random_uuid()", "uuid key (gen_random_uuid)"),
+    ("t_plpgsql", "id bigint PRIMARY KEY DEFAULT public.plpgsql_nextval()", "DEFAULT one-line PL/pgSQL nextval"),
 )
-DURABLE_ROUNDS = int(os.environ.get("BENCH_PGBENCH_DURABLE_ROUNDS", "3"))
 
 
-def pgbench_tables(dsn: str) -> list[str]:
-    """The last, a PL/pgSQL function that only returns nextval, is the floor for any generator written in
-    PL/pgSQL: the cost of calling one from a column default."""
+def create_pgbench_tables(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE SEQUENCE public.plpgsql_seq")
         conn.execute("CREATE FUNCTION public.plpgsql_nextval() RETURNS bigint LANGUAGE plpgsql"
                      " AS $$BEGIN RETURN nextval('public.plpgsql_seq'); END$$")
-        conn.execute("CREATE TABLE t_next_id (id bigint PRIMARY KEY DEFAULT shard_1.next_id(), v int) WITH (autovacuum_enabled = off)")
-        conn.execute("CREATE TABLE t_bigserial (id bigserial PRIMARY KEY, v int) WITH (autovacuum_enabled = off)")
-        conn.execute("CREATE TABLE t_uuid (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), v int) WITH (autovacuum_enabled = off)")
-        conn.execute("CREATE TABLE t_plpgsql (id bigint PRIMARY KEY DEFAULT public.plpgsql_nextval(), v int) WITH (autovacuum_enabled = off)")
-    return [t for t, _ in PGBENCH_TABLES]
+        for table, key, _ in PGBENCH_TABLES:
+            conn.execute(f"CREATE TABLE {table} ({key}, v int) WITH (autovacuum_enabled = off)")
 
 
-def pgbench_compare(server: Server, tmp: Path, tables: list[str], rounds: int) -> None:
+def pgbench_compare(server: Server, tmp: Path, rounds: int) -> None:
     """simple: every INSERT is parsed and planned (psql, drivers without server-side prepare);
     prepared: planned once per connection (psycopg 3 after 5 runs, JDBC, asyncpg, pgx, npgsql).
     The machine is shared: load drifts within a run. Each round runs the tables back to back (in alternating
     order), and the ratio printed is the median over rounds of each round's own ratio."""
     modes = ("simple", "prepared")
+    tables = [t for t, _, _ in PGBENCH_TABLES]
     runs: dict[tuple[str, str], list[float]] = {(m, t): [] for m in modes for t in tables}
     for r in range(rounds):
         for m in modes:
@@ -143,7 +140,7 @@ def pgbench_compare(server: Server, tmp: Path, tables: list[str], rounds: int) -
                 runs[m, t].append(pgbench_tps(server, t, tmp, m))
     for m in modes:
         base = runs[m, "t_bigserial"]
-        for t, label in PGBENCH_TABLES:
+        for t, _, label in PGBENCH_TABLES:
             ratios = sorted(x / b for x, b in zip(runs[m, t], base))
             print(f"  {label + ', -M ' + m:<48} {statistics.median(runs[m, t]):>12.0f} tps   ratio {ratios[len(ratios) // 2]:6.2f}x"
                   f" of bigserial (median of {len(ratios)} rounds; range {ratios[0]:.2f}-{ratios[-1]:.2f})", flush=True)
@@ -185,8 +182,8 @@ def run() -> None:
 
         section(f"pgbench INSERT throughput, 4 clients, {PGBENCH_SECONDS}s per run, {PGBENCH_ROUNDS} interleaved rounds;"
                 " the sandbox server (fsync off: CPU-bound, the worst case for any key function)")
-        tables = pgbench_tables(dsn)
-        pgbench_compare(server, tmp, tables, PGBENCH_ROUNDS)
+        create_pgbench_tables(dsn)
+        pgbench_compare(server, tmp, PGBENCH_ROUNDS)
 
         section(f"primary-key index size after {INDEX_ROWS} rows (one INSERT ... SELECT each, fresh tables)")
         sizes: dict[str, float] = {}
@@ -206,4 +203,5 @@ def run() -> None:
         init(Config(layout=Layout.make(), databases={"db1": durable.dsn}), 2)
         section(f"pgbench INSERT throughput as above, on a server with PostgreSQL's default durability (fsync and"
                 f" full_page_writes on), {DURABLE_ROUNDS} rounds")
-        pgbench_compare(durable, Path(tmp_dir), pgbench_tables(durable.dsn), DURABLE_ROUNDS)
+        create_pgbench_tables(durable.dsn)
+        pgbench_compare(durable, Path(tmp_dir), DURABLE_ROUNDS)
