@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -14,7 +15,12 @@ def test_wheel_works_from_any_directory(tmp_path: Path, fresh_dsns: dict[str, st
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT)], check=True, capture_output=True)
     wheel = next(dist.glob("pgidgen-*.whl"))
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    # pgidgen's dependencies come from the environment running the tests (not from the network), as plain
+    # directories on sys.path: a .pth file's entries are not site dirs, so the source tree's editable install
+    # that lives there stays out, and the only pgidgen the new venv sees is the wheel's.
+    site = next((venv / "lib").glob("python*/site-packages"))
+    (site / "pgidgen_test_deps.pth").write_text("\n".join(sorted(set(sysconfig.get_paths()[k] for k in ("purelib", "platlib")))) + "\n")
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", str(wheel)], check=True, capture_output=True)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
