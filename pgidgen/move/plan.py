@@ -102,6 +102,6 @@ def render_plan(
 def _copy_sql(schema: str, streams: list[TableCopy]) -> str:
     """Each table's stream: the source's statement, the target's (binary, or text for types not built in)."""
     return "".join(
-        f"{q.copy_out_sql(schema, t.name, binary=t.binary)};  -- source, at the snapshot\n"
-        f"{q.copy_in_sql(schema, t.name, binary=t.binary, freeze=True)};  -- target\n" for t in streams
+        f"{q.copy_out_sql(schema, t.name, binary=t.binary, columns=t.columns)};  -- source, at the snapshot\n"
+        f"{q.copy_in_sql(schema, t.name, binary=t.binary, freeze=True, columns=t.columns)};  -- target\n" for t in streams
     )

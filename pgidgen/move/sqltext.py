@@ -121,17 +121,23 @@ SELECT EXISTS (SELECT FROM owner WHERE schema = %(schema)s)
 COPY_OUT_SETTINGS = ["SET DateStyle = 'ISO'", "SET IntervalStyle = 'postgres'", "SET extra_float_digits = 3"]
 
 
-def copy_out_sql(schema: str, table: str, *, binary: bool) -> str:
-    """One table's rows at the copy's snapshot (the stream's transaction imported it)."""
-    return f"COPY {ident(schema, table)} TO STDOUT" + (" (FORMAT binary)" if binary else "")
+def _column_list(columns: Sequence[str]) -> str:
+    return f" ({', '.join(ident(c) for c in columns)})" if columns else ""
 
 
-def copy_in_sql(schema: str, table: str, *, binary: bool, freeze: bool) -> str:
+def copy_out_sql(schema: str, table: str, *, binary: bool, columns: Sequence[str] = ()) -> str:
+    """One table's rows at the copy's snapshot (the stream's transaction imported it). Both sides name the
+    columns (the source's, in its order), as pg_dump does: a table's column order can differ between the two
+    (pg_dump recreates a child table with its parents' columns first), and COPY without a list goes by position."""
+    return f"COPY {ident(schema, table)}{_column_list(columns)} TO STDOUT" + (" (FORMAT binary)" if binary else "")
+
+
+def copy_in_sql(schema: str, table: str, *, binary: bool, freeze: bool, columns: Sequence[str] = ()) -> str:
     """FREEZE: the table was created in the same transaction, so its rows are written frozen and hinted."""
     opts = ["FORMAT binary"] if binary else []
     if freeze:
         opts.append("FREEZE")
-    return f"COPY {ident(schema, table)} FROM STDIN" + (f" ({', '.join(opts)})" if opts else "")
+    return f"COPY {ident(schema, table)}{_column_list(columns)} FROM STDIN" + (f" ({', '.join(opts)})" if opts else "")
 
 
 # -- cutover -------------------------------------------------------------------------------------------
@@ -243,57 +249,62 @@ class ColumnHash:
     """A column and its type's 64-bit hash function (the default hash opclass's extended support function)."""
 
     name: str
-    function: tuple[str, str] | None  # (schema, name); None: the type has none of its own (e.g. varchar)
-    custom: bool = False  # a type defined in the database: hashed as text (an enum's hash is its OID, which differs)
+    function: tuple[str, str] | None  # (schema, name); None: the type has none of its own (e.g. an array)
+    as_text: bool = False  # hashed as its text: see COLUMN_HASHES_SQL
 
 
 def checksum_sql(schema: str, table: str, columns: Sequence[ColumnHash] | None = None, *, as_text: bool = False) -> str:
     """Row count and the sum of 64-bit hashes of every row: order-independent, one sequential scan, so it needs
-    no sort and parallelises across the two servers. With columns, a row's hash chains each column's own hash
-    function: the hash so far is the seed of the next column's (so position counts, and a value moved to
-    another column or row changes the sum). The hash functions are strict, so a NULL anywhere ends the chain
-    with NULL; such rows take the XOR of each column's hash seeded with its position instead (NULL hashes to
-    the position). The chain is one function call per column, the XOR form two: the chain is ~17% cheaper
-    per scan, and the XOR form 40% cheaper than hash_record_extended on the whole row, which is what columns
-    without a hash function of their own take (inside ROW(...)), and what runs without columns. Columns of
-    types defined in the database hash their text: an enum hashes its OID, which differs between the two
-    databases. Tables with a column type that has no hash at all (json, ...) hash the row's text instead
-    (as_text), the same choice on both sides since their types are the same."""
+    no sort and parallelises across the two servers. With columns, a row's hash is the XOR of each column's own
+    hash function seeded with its position, 40% cheaper than hash_record_extended on the whole row, which is
+    what columns without a hash function of their own take (inside ROW(...)), and what runs without columns. A
+    NULL hashes to minus its position: some hash functions return their seed for a value (0.0 for floats), so
+    the position itself would let a NULL that became such a value pass. Tables with a column type that has no
+    hash at all (json, ...) hash the row's text instead (as_text), the same choice on both sides since their
+    types are the same.
+    (Chaining the columns, each column's hash seeding the next, is one call per column cheaper but unsound:
+    hash functions that ignore their seed for some values, an empty array's or a NULL inside a record, reset
+    the chain, and those that return it, 0.0's, drop a column's position.)"""
     if as_text:
-        h = "hashtextextended(ROW(r.*)::text, 0)"
+        h = "pg_catalog.hashtextextended(ROW(r.*)::text, 0)"
     elif columns is None:
-        h = "hash_record_extended(ROW(r.*), 0)"
+        h = "pg_catalog.hash_record_extended(ROW(r.*), 0)"
     elif not columns:
         h = "0::bigint"
     else:
-        chain = "0::bigint"
-        terms = []
-        for k, c in enumerate(columns, start=1):
-            chain = _column_hash(c, chain)
-            terms.append(f"coalesce({_column_hash(c, str(k))}, {k})")
-        h = f"coalesce({chain}, {' # '.join(terms)})"
+        h = " # ".join(f"coalesce({_column_hash(c, k)}, -{k})" for k, c in enumerate(columns, start=1))
     return f"SELECT count(*), coalesce(sum({h}), 0)::text FROM ONLY {ident(schema, table)} AS r"
 
 
-def _column_hash(c: ColumnHash, seed: str) -> str:
+def _column_hash(c: ColumnHash, seed: int) -> str:
     """The column's 64-bit hash with the given seed: NULL for NULL (every hash function is strict), except for
     types without a hash function of their own, hashed as a one-column record."""
     col = "r." + ident(c.name)
-    if c.custom:
-        return f"pg_catalog.hashtextextended({col}::text, {seed})"
+    if c.as_text:
+        return f'pg_catalog.hashtextextended({col}::text COLLATE "C", {seed})'
     if c.function:
         return f"{ident(*c.function)}({col}, {seed})"
     return f"pg_catalog.hash_record_extended(ROW({col}), {seed})"
 
 
-#: The type's (or a domain's base type's) default hash opclass and its extended hash function, per column.
+#: Per column, the type's (or a domain's base type's) default hash opclass and its extended hash function, and
+#: whether to hash the column's text instead (as_text), for the types whose hash is not a function of the value
+#: as stored: types defined in the database (an enum hashes its OID, which differs between two databases);
+#: collatable ones (a nondeterministic collation hashes 'A' and 'a' alike; the text is hashed under "C"); and
+#: those whose equality is looser than identity (numeric 1.5 = 1.50, float -0 = 0, interval '1 day' =
+#: '24 hours', jsonb, whose hash also returns the seed for '{}' and '[]'). Their text is exact under
+#: VERIFY_SETTINGS.
 COLUMN_HASHES_SQL = """
 SELECT c.relname, a.attname, fn.nspname, fn.proname,
-       (CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END)::bigint >= 16384 AS custom
+       bt.oid::bigint >= 16384 OR a.attcollation <> 0
+       OR bt.oid IN ('pg_catalog.float4'::pg_catalog.regtype, 'pg_catalog.float8'::pg_catalog.regtype,
+                     'pg_catalog.numeric'::pg_catalog.regtype, 'pg_catalog.interval'::pg_catalog.regtype,
+                     'pg_catalog.jsonb'::pg_catalog.regtype) AS as_text
 FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
 JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+JOIN pg_catalog.pg_type bt ON bt.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
 LEFT JOIN LATERAL (
     SELECT pn.nspname, p.proname
     FROM pg_catalog.pg_opclass oc
@@ -302,7 +313,7 @@ LEFT JOIN LATERAL (
          AND ap.amproclefttype = oc.opcintype AND ap.amprocrighttype = oc.opcintype
     JOIN pg_catalog.pg_proc p ON p.oid = ap.amproc AND p.proargtypes[0] = oc.opcintype
     JOIN pg_catalog.pg_namespace pn ON pn.oid = p.pronamespace
-    WHERE oc.opcdefault AND oc.opcintype = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+    WHERE oc.opcdefault AND oc.opcintype = bt.oid
     LIMIT 1
 ) fn ON true
 WHERE n.nspname = %s AND c.relkind = 'r'

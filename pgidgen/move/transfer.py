@@ -51,22 +51,26 @@ DUMP_OPTIONS = ["--no-publications", "--no-subscriptions", "--no-tablespaces", "
 class TableCopy:
     name: str
     binary: bool
+    columns: tuple[str, ...] = ()  # the source's stored columns in its order (generated ones are computed again)
 
 
 def plan_tables(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], schema: str, tables: Sequence[str]) -> list[TableCopy]:
-    """Binary where safe (see the module docstring), text otherwise, per table."""
+    """Binary where safe (see the module docstring), text otherwise, per table; with the columns to copy."""
     same_major = _major(src) == _major(tgt)
-    custom = {
-        r[0]
-        for r in src.execute(
-            "SELECT c.relname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " JOIN pg_type t ON t.oid = a.atttypid"
-            " WHERE n.nspname = %s AND a.attnum > 0 AND NOT a.attisdropped"
-            " AND (CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END)::bigint >= %s",
-            (schema, _FIRST_USER_OID),
-        )
-    }
-    return [TableCopy(t, same_major and t not in custom) for t in tables]
+    columns: dict[str, list[str]] = {}
+    custom: set[str] = set()
+    for table, column, is_custom in src.execute(
+        "SELECT c.relname, a.attname, (CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END)::bigint >= %s"
+        " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " JOIN pg_type t ON t.oid = a.atttypid"
+        " WHERE n.nspname = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''"
+        " ORDER BY c.relname, a.attnum",
+        (_FIRST_USER_OID, schema),
+    ):
+        columns.setdefault(table, []).append(column)
+        if is_custom:
+            custom.add(table)
+    return [TableCopy(t, same_major and t not in custom, tuple(columns.get(t, ()))) for t in tables]
 
 
 def _major(conn: psycopg.Connection[Any]) -> int:
@@ -276,7 +280,7 @@ class Transfer:
         if self.snapshot:
             cmds.append(f"SET TRANSACTION SNAPSHOT {q.literal(self.snapshot)}")
         cmds += q.COPY_OUT_SETTINGS
-        cmds.append(q.copy_out_sql(self.schema, table.name, binary=table.binary))
+        cmds.append(q.copy_out_sql(self.schema, table.name, binary=table.binary, columns=table.columns))
         argv = [tool("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction"]
         for c in cmds:
             argv += ["-c", c]
@@ -314,7 +318,7 @@ class Transfer:
     def _relay(self, tgt: psycopg.Connection[Any], table: TableCopy, p: _Proc, on_block: OnBlock | None) -> None:
         assert p.proc.stdout is not None
         fd = p.proc.stdout.fileno()
-        sql = q.copy_in_sql(self.schema, table.name, binary=table.binary, freeze=self.freeze)
+        sql = q.copy_in_sql(self.schema, table.name, binary=table.binary, freeze=self.freeze, columns=table.columns)
         try:
             with tgt.cursor().copy(sql) as cp:
                 while True:
