@@ -388,6 +388,9 @@ def locate_cmd(ctx: click.Context, keys: tuple[int, ...], ids: tuple[str, ...], 
 # -- move-shard ----------------------------------------------------------------------------------------
 
 
+MAX_PAUSE_S = (2**31 - 1) // 1000
+
+
 def _duration(text: str) -> float:
     """Seconds from '1s', '500ms', '2.5' (seconds)."""
     from .errors import InputError
@@ -404,6 +407,8 @@ def _duration(text: str) -> float:
         raise InputError(f"{text!r} is not a duration", hint="write it like 1s, 500ms or 2.5") from None
     if not value > 0:
         raise InputError(f"--max-pause must be more than 0, not {text!r}")
+    if value > MAX_PAUSE_S:  # infinity too: the pause is a lock_timeout, at most 2^31 - 1 ms
+        raise InputError(f"--max-pause must be at most {MAX_PAUSE_S}s, not {text!r}", hint="write it like 1s or 500ms")
     return value
 
 

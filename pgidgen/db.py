@@ -18,7 +18,8 @@ from .errors import DatabaseError, PgidgenError
 
 T = TypeVar("T")
 CONNECT_TIMEOUT = 10
-_PASSWORD_RE = re.compile(r"(password\s*=\s*)(\S+)|(://[^:/@\s]*:)([^@\s]*)(@)", re.I)
+#: password=... in a conninfo (a quoted value may hold spaces and escaped quotes) and user:password@ in a URI.
+_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)|(://[^:/@\s]*:)([^@\s]*)(@)", re.I)
 
 
 def scrub(text: str) -> str:

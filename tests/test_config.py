@@ -60,3 +60,5 @@ def test_client_programs_get_the_password_by_environment() -> None:
     assert "db.example" in dsn and "5433" in dsn
     assert tool_args("host=x user=y")[0] == "host=x user=y"
     assert scrub("connection postgresql://app:s3cret@h/app failed, password=hunter2") == "connection postgresql://app:***@h/app failed, password=***"
+    assert scrub("host=h password='my secret \\' phrase' dbname=app") == "host=h password=*** dbname=app"
+    assert scrub("host=h password = 'two words'") == "host=h password = ***"

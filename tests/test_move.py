@@ -182,6 +182,8 @@ def test_refusals_cli(config: Config, config_file: Path) -> None:
     assert run("1") == "Error: TARGET_DB is missing: pgidgen move-shard 1 DB (databases: db1, db2, db3)"
     assert run("1", "--resume") == "Error: no interrupted move of shard 1 was found: nothing to resume or roll back; see 'pgidgen map'"
     assert run("1", "db2", "--max-pause", "soon") == "Error: 'soon' is not a duration: write it like 1s, 500ms or 2.5"
+    assert run("1", "db2", "--max-pause", "inf") == "Error: --max-pause must be at most 2147483s, not 'inf': write it like 1s or 500ms"
+    assert run("1", "db2", "--max-pause", "0ms") == "Error: --max-pause must be more than 0, not '0ms'"
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
         c.execute("CREATE TABLE shard_0.nokey (v int)")
     assert run("0", "db2") == (

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgidgen.move.verify import checksums, column_hashes
+from pgidgen.move.verify import checksums, column_hashes, compare
 
 ROW4 = "a bigint, b bigint, c text, d int"
 #: (id, columns, left rows, right rows, equal?): rows as SQL literals
@@ -58,6 +58,25 @@ def test_checksum_tells_tables_apart(conn: Any, columns: str, left: list[str], r
         conn.execute(f"INSERT INTO checksum_cases.{name} VALUES {', '.join(rows)}")
     hashes = column_hashes(conn, "checksum_cases")
     assert hashes["l"] == hashes["r"]
-    sums = checksums(conn, "checksum_cases", ["l", "r"], {"l": hashes["l"], "r": hashes["l"]})
+    sums, texts = checksums(conn, "checksum_cases", ["l", "r"], {"l": hashes["l"], "r": hashes["l"]})
+    assert texts == set()
     assert sums["l"][0] == len(left) and sums["r"][0] == len(right)
     assert (sums["l"] == sums["r"]) is equal
+
+
+def test_a_table_one_side_must_checksum_as_text_is_text_on_both(conn: Any, pg_servers: Any) -> None:
+    """`--verify` after DDL changed a column's type on one side: the source's hash function does not take the
+    other type, so that side hashes rows as text, and so must the other side, or equal data would differ."""
+    for schema, kind in (("checksum_a", "int"), ("checksum_b", "bigint")):
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.t (id {kind} PRIMARY KEY, note text)")
+        conn.execute(f"INSERT INTO {schema}.t VALUES (1, 'x'), (2, NULL)")
+    try:
+        with psycopg.connect(pg_servers[0].dsn, autocommit=True) as a, psycopg.connect(pg_servers[0].dsn, autocommit=True) as b:
+            assert compare(a, "checksum_a", b, "checksum_b", ["t"]).ok
+            conn.execute("UPDATE checksum_b.t SET note = 'y' WHERE id = 1")
+            assert not compare(a, "checksum_a", b, "checksum_b", ["t"]).ok
+    finally:
+        conn.execute("DROP SCHEMA checksum_a CASCADE")
+        conn.execute("DROP SCHEMA checksum_b CASCADE")

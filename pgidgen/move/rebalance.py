@@ -12,8 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import psycopg
+
 from ..config import Config
-from ..db import connect
+from ..db import connect, pg_message
 from ..errors import ConfigError, PgidgenError
 from ..ranges import collapse
 from .context import MoveError, read_states
@@ -135,6 +137,9 @@ def rebalance(
             report: MoveReport | PgidgenError = move_shard(config, m.shard, m.target, options=opts)
         except PgidgenError as e:
             report = e
+        except psycopg.Error as e:  # reported as that move's failure; the other moves' results stay in the report
+            report = MoveError(f"move of shard {m.shard} to {m.target} failed: {pg_message(e)}",
+                               hint=f"see 'pgidgen move-shard --resume {m.shard}' or '--rollback {m.shard}'")
         with lock:
             if isinstance(report, PgidgenError):
                 result.failures.append((m, report.render()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import psycopg
 
@@ -68,20 +68,32 @@ def column_hashes(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[
 
 
 def checksums(
-    conn: psycopg.Connection[Any], schema: str, tables: Sequence[str], columns: dict[str, list[ColumnHash]] | None = None
-) -> dict[str, tuple[int, str]]:
-    """Runs in whatever transaction conn is in (the caller's snapshot is what gets compared)."""
+    conn: psycopg.Connection[Any],
+    schema: str,
+    tables: Sequence[str],
+    columns: dict[str, list[ColumnHash]] | None = None,
+    *,
+    as_text: Collection[str] = (),
+) -> tuple[dict[str, tuple[int, str]], set[str]]:
+    """Runs in whatever transaction conn is in (the caller's snapshot is what gets compared). Tables in as_text,
+    and those whose columns this side cannot hash as the source's (a column type with no such hash function, a
+    column missing), are checksummed over their rows' text; returns the checksums and those tables."""
     conn.execute(VERIFY_SETTINGS.replace("SET ", "SET LOCAL ") if not conn.autocommit else VERIFY_SETTINGS)
     out: dict[str, tuple[int, str]] = {}
+    texts = set(as_text)
     for t in tables:
-        try:
-            with conn.transaction():  # a savepoint inside the caller's snapshot
-                row = conn.execute(checksum_sql(schema, t, None if columns is None else columns.get(t, []))).fetchone()
-        except psycopg.errors.UndefinedFunction:
+        row = None
+        if t not in texts:
+            try:
+                with conn.transaction():  # a savepoint inside the caller's snapshot
+                    row = conn.execute(checksum_sql(schema, t, None if columns is None else columns.get(t, []))).fetchone()
+            except (psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedColumn):
+                texts.add(t)
+        if row is None:
             row = conn.execute(checksum_sql(schema, t, as_text=True)).fetchone()
         assert row is not None
         out[t] = (int(row[0]), str(row[1]))
-    return out
+    return out, texts
 
 
 def compare(
@@ -93,10 +105,15 @@ def compare(
     *,
     when: str = "at the cutover point",
 ) -> Verification:
-    """Both sides at once, each in its own thread (the two connections are independent)."""
+    """Both sides at once, each in its own thread (the two connections are independent). A table one side had
+    to checksum as text is checksummed as text on the other side too, so the two forms are never compared."""
     columns = column_hashes(source, source_schema)
     with ThreadPoolExecutor(max_workers=2) as pool:
         fs = pool.submit(checksums, source, source_schema, tables, columns)
         ft = pool.submit(checksums, target, target_schema, tables, columns)
-        s, t = fs.result(), ft.result()
+        (s, s_text), (t, t_text) = fs.result(), ft.result()
+    if s_text - t_text:
+        t.update(checksums(target, target_schema, sorted(s_text - t_text), as_text=s_text)[0])
+    if t_text - s_text:
+        s.update(checksums(source, source_schema, sorted(t_text - s_text), as_text=t_text)[0])
     return Verification([TableCheck(name, s[name][0], t[name][0], s[name][1], t[name][1]) for name in tables], when=when)
