@@ -12,6 +12,8 @@ from .render import literal, render, static_sql
 
 #: Advisory-lock class of pgidgen's locks ('pgid'); the object id is the shard number (or 0 for init).
 LOCK_CLASS = 1885825380
+#: init's object in that class: not 0, which is shard 0's generator lock (its slow path would wait for init).
+INIT_LOCK = -1
 #: The generator templates; the layout and shard number are rendered into them.
 GENERATORS = {"seqlock": "generators/seqlock.sql.j2"}
 DEFAULT_GENERATOR = "seqlock"

@@ -15,7 +15,7 @@ from .config import Config
 from .ddl.ledger import read_history, replay_for_new_shards
 from .db import Outcome, each_database, execute_script, read_each, transaction
 from .errors import ConfigError, ConflictError, DatabaseError, PgidgenError
-from .idgen import DEFAULT_GENERATOR, LOCK_CLASS, check_argument_order, render_catalog, render_order_probe, render_catalog_grants, render_shard, schema_name
+from .idgen import DEFAULT_GENERATOR, INIT_LOCK, LOCK_CLASS, check_argument_order, render_catalog, render_order_probe, render_catalog_grants, render_shard, schema_name
 from .layout import Layout
 from .ranges import collapse
 
@@ -178,7 +178,7 @@ def init(
             return Outcome(name, changed=False, summary=f"unchanged (holds {len(held)} shards: {collapse(held) or 'none'})")
         chunks = render_database(plan, name)
         with transaction(name, config.dsn(name), doing="initialising shards") as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (LOCK_CLASS,))
+            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, INIT_LOCK))
             again = read_state(conn)
             if again.active != states[name].active or again.has_catalog != states[name].has_catalog:
                 raise DatabaseError(f"database {name} changed while init was planning", hint="another init ran at the same time; run init again")

@@ -166,6 +166,9 @@ def test_grant_lets_a_role_use_shards(config: Config) -> None:
             assert conn.execute("SELECT has_sequence_privilege('shard_1.pgidgen_offset', 'UPDATE')").fetchone()[0] is False
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute("SELECT setval('shard_1.pgidgen_offset', 1)")
+            # nor nextval on the offset: it would move it outside the generator lock (duplicates, or the offset back)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT nextval('shard_1.pgidgen_offset')")
             conn.execute("RESET ROLE")
             conn.execute("DROP OWNED BY pgidgen_app_test")
     finally:

@@ -668,12 +668,13 @@ class Mover:
         return int(row[0]) if row and row[0] is not None else None
 
     def _beat(self, deadline: float) -> bool:
-        """Write a heartbeat on the source and wait until the target has applied it (or the deadline passes)."""
-        beat = time.time_ns()
+        """Write a heartbeat on the source and wait until the target has applied it (or the deadline passes).
+        The wait is for this very row: a beat is a random number, not a time, so neither a clock that steps back
+        nor a resume on another host can make an older beat pass for it."""
+        beat = secrets.randbits(62) + 1
         execute_script(self.admin, q.heartbeat_sql(self.rec.token, beat))
         while True:
-            row = self.tgt.execute("SELECT max(beat) FROM pgidgen.move_heartbeat WHERE token = %s", (self.rec.token,)).fetchone()
-            if row is not None and row[0] is not None and int(row[0]) >= beat:
+            if self.tgt.execute("SELECT 1 FROM pgidgen.move_heartbeat WHERE token = %s AND beat = %s", (self.rec.token, beat)).fetchone():
                 return True
             if time.perf_counter() > deadline:
                 return False
