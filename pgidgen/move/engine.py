@@ -706,6 +706,12 @@ class Mover:
     def step_cutover(self) -> None:
         if self._source_retired():
             return
+        if self.opts.offline and self.resumed_step == "cutover" and self._target_row() is not None:
+            # The offline copy commits on the target before the source is retired: a run interrupted between
+            # the two left a full copy there (indexes and constraints included), which the copy cannot go into
+            # again. The source still serves; start the target's copy over.
+            self._reset_copy()
+            self.step_schema()
         if "skew_ms" not in self.rec.detail:
             self._measure_skew()
         attempts = max(1, self.opts.attempts)
@@ -740,6 +746,7 @@ class Mover:
         retired = f"{schema}_moved_{time.strftime('%Y%m%d%H%M%S', time.gmtime())}"
         self.journal.note("cutover", retired_schema=retired)
         tables = [q.TableRef(schema, t.name) for t in self.ctx.tables]
+        guarded = tables + [q.TableRef(schema, name) for name in self._partitioned(schema)]
         budget = self.opts.max_pause
         ahead = self._take_ahead()
         if ahead is not None:
@@ -752,7 +759,7 @@ class Mover:
             t_start = time.perf_counter()
             deadline = t_start + budget
             try:
-                execute_script(src, q.freeze_sql(shard, tables, int(budget * 1000)))
+                execute_script(src, q.freeze_sql(shard, guarded, int(budget * 1000)))
             except psycopg.errors.LockNotAvailable:
                 src.rollback()
                 raise CutoverAborted(f"the shard's tables could not be locked within --max-pause {budget * 1000:.0f} ms (long transactions on them?)") from None
@@ -763,6 +770,13 @@ class Mover:
                 raise MoveError(
                     f"the tables of {schema} changed during the move ({', '.join(sorted(now ^ {t.name for t in self.ctx.tables}))})",
                     where=self.ctx.source, hint=f"tables created or dropped mid-move are not replicated: roll back with --rollback {shard} and move again",
+                )
+            changed = self._changed_tables(src, schema)
+            if changed:
+                src.rollback()
+                raise MoveError(
+                    f"the tables of {schema} changed during the move ({'; '.join(changed)})", where=self.ctx.source,
+                    hint=f"nothing was flipped; roll back with --rollback {shard} and move again",
                 )
             if self.opts.offline:
                 self._offline_copy()
@@ -784,7 +798,7 @@ class Mover:
                         hint=f"nothing was flipped; the source keeps serving; roll back with --rollback {shard}",
                     )
                 self.verification = v
-            execute_script(src, q.retire_sql(shard, schema, retired, tables, self.ctx.target))
+            execute_script(src, q.retire_sql(shard, schema, retired, guarded, self.ctx.target))
             src.commit()
             committed = True
             self.ctx.source_schema = retired
@@ -815,6 +829,30 @@ class Mover:
 
         self.checking = Background(check)
 
+    def _partitioned(self, schema: str) -> list[str]:
+        return [r[0] for r in self.admin.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'p' ORDER BY 1",
+            (schema,))]
+
+    def _changed_tables(self, src: psycopg.Connection[Any], schema: str) -> list[str]:
+        """Under the freeze, before the flip: tables whose columns differ between source and target (DDL on one
+        side mid-move), and, online, tables the publication does not hold (dropped and created again under
+        the same name: their rows since were never replicated)."""
+        columns = ("SELECT c.relname, pg_catalog.string_agg(a.attname || ' ' || pg_catalog.format_type(a.atttypid, a.atttypmod), ', '"
+                   " ORDER BY a.attname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                   " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
+                   " WHERE n.nspname = %s AND c.relkind = 'r' GROUP BY 1")
+        mine = dict(src.execute(columns, (schema,)).fetchall())
+        theirs = dict(self.tgt.execute(columns, (schema,)).fetchall())
+        changed = [f"{name}: columns {mine.get(name) or 'none'} on {self.ctx.source}, {theirs.get(name) or 'none'} on {self.ctx.target}"
+                   for name in sorted(set(mine) | set(theirs)) if mine.get(name) != theirs.get(name)]
+        if not self.opts.offline:
+            changed += [f"{r[0]}: not the table the move publishes (created again?)" for r in src.execute(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r'"
+                " AND NOT EXISTS (SELECT FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid"
+                " WHERE pr.prrelid = c.oid AND p.pubname = %s) ORDER BY 1", (schema, self.names.publication))]
+        return changed
+
     def _offline_copy(self) -> None:
         """Inside the freeze (no snapshot needed, nothing writes): the rows, then indexes and constraints."""
         self._transfer(lambda: None, ("post-data",), truncate=True)
@@ -826,10 +864,15 @@ class Mover:
         if row is None or row[0] != "incoming":
             raise MoveError(f"database {self.ctx.target} lost its copy of shard {self.ctx.shard}", hint="see 'pgidgen map' and the journal (pgidgen.move_log)")
         shard, retired = self.ctx.shard, self.ctx.source_schema
+        if self.resumed_step in ("cutover", "activate") and not self.opts.offline and self._sub_oid():
+            # The cutover's catch-up was in an earlier run: a target that restarted since may have lost applied
+            # changes (the apply worker commits asynchronously) and must apply them again before it serves.
+            if not self._beat(time.perf_counter() + self.opts.catchup_timeout):
+                raise MoveError(f"database {self.ctx.target} has not applied all changes of shard {shard} made before the flip",
+                                where=f"{self.ctx.target}'s subscription {self.names.subscription}",
+                                hint=f"see pg_stat_subscription and the target's server log, then --resume {shard}")
         last_id = int(self.admin.execute("SELECT pgidgen.last_id(%s)", (shard,)).fetchone()[0])  # type: ignore[index]
-        seqs = [q.SeqValue(r[0], int(r[1]), bool(r[2])) for r in self.admin.execute(
-            "SELECT s.sequencename, coalesce(s.last_value, s.start_value), s.last_value IS NOT NULL FROM pg_sequences s"
-            " WHERE s.schemaname = %s AND s.sequencename NOT IN ('pgidgen_counter', 'pgidgen_offset')", (retired,))]
+        seqs = self._sequence_values(retired)
         skew = float(self.rec.detail.get("skew_ms", 0.0))
         unc = float(self.rec.detail.get("skew_uncertainty_ms", 0.0))
         ahead = math.ceil(-skew + unc) + 1
@@ -845,6 +888,18 @@ class Mover:
         if started is not None:
             self.report.pause_ms = (time.perf_counter() - started) * 1000
             self.journal.note("activate", pause_ms=round(self.report.pause_ms, 1))
+
+    def _sequence_values(self, schema: str) -> list[q.SeqValue]:
+        """The shard's own sequences (serial, identity, ...) as they stand: last_value and is_called read from
+        each sequence itself (pg_sequences shows NULL for one not yet called, as after ALTER SEQUENCE ... RESTART,
+        and for one the reader may not see; carrying its start value instead would hand values out again)."""
+        names = [r[0] for r in self.admin.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'S'"
+            " AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset') ORDER BY 1", (schema,))]
+        if not names:
+            return []
+        query = " UNION ALL ".join(f"SELECT {q.literal(n)}, last_value, is_called FROM {q.ident(schema, n)}" for n in names)
+        return [q.SeqValue(r[0], int(r[1]), bool(r[2])) for r in self.admin.execute(query)]
 
     def step_teardown(self) -> None:
         teardown(self.admin, self.tgt, self.names, self.rec.detail.get("subscription_oid"))
@@ -894,7 +949,7 @@ class Mover:
             src_row = self.admin.execute("SELECT state, schema_name FROM pgidgen.shards WHERE shard = %s", (shard,)).fetchone()
             with self.admin.transaction():
                 if src_row is not None and src_row[0] == "retired":
-                    execute_script(self.admin, q.unretire_sql(shard, self.ctx.schema, src_row[1], [t.name for t in self.ctx.tables]))
+                    execute_script(self.admin, q.unretire_sql(shard, self.ctx.schema, src_row[1], [t.name for t in self.ctx.tables] + self._partitioned(src_row[1])))
                 else:
                     self.admin.execute("UPDATE pgidgen.shards SET state = 'active', updated_at = now() WHERE shard = %s AND state = 'moving'", (shard,))
             self.journal.finish("rolled_back")

@@ -146,18 +146,25 @@ def copy_in_sql(schema: str, table: str, *, binary: bool, freeze: bool, columns:
 def freeze_sql(shard: int, tables: Sequence[TableRef], lock_timeout_ms: int) -> str:
     """Stop writes to the shard on the source. First the shard's catalog row FOR UPDATE, the lock routed
     transactions take FOR SHARE in pgidgen.claim_shard() (same order as theirs, so no deadlock): claimed
-    transactions finish, new ones wait. Then EXCLUSIVE on the tables for writers that do not claim: it blocks
-    INSERT/UPDATE/DELETE/SELECT FOR UPDATE and TRUNCATE, and lets plain reads go on."""
-    text = f"SET LOCAL lock_timeout = '{max(1, int(lock_timeout_ms))}ms';\n"
+    transactions finish, new ones wait. Then EXCLUSIVE on the tables (partitioned parents included: a write
+    routed through one locks the parent first) for writers that do not claim: it blocks
+    INSERT/UPDATE/DELETE/SELECT FOR UPDATE and TRUNCATE, and lets plain reads go on. Both waits together stay
+    within lock_timeout_ms."""
+    budget = max(1, int(lock_timeout_ms))
+    text = f"SET LOCAL lock_timeout = '{budget}ms';\n"
     text += f"SELECT 1 FROM pgidgen.shards WHERE shard = {shard} FOR UPDATE;\n"
     if tables:
+        # what is left of the budget for the tables (the script's statements share one statement_timestamp)
+        text += (f"SELECT pg_catalog.set_config('lock_timeout', GREATEST(1, {budget} - pg_catalog.floor(pg_catalog.date_part('epoch',"
+                 " pg_catalog.clock_timestamp() - pg_catalog.statement_timestamp()) * 1000))::pg_catalog.int8::pg_catalog.text || 'ms', true);\n")
         text += f"LOCK TABLE {', '.join('ONLY ' + t.q() for t in tables)} IN EXCLUSIVE MODE;\n"
     return text
 
 
 def retire_sql(shard: int, schema: str, retired: str, tables: Sequence[TableRef], target: str) -> str:
     """Rename the source copy (late writers by name get 'does not exist'), guard its tables with an always-on
-    trigger (writers with cached plans or the new name get a loud error), retire its catalog row."""
+    trigger (writers with cached plans or the new name get a loud error; partitioned parents get one too, as a
+    statement trigger on a partition does not fire for rows routed through its parent), retire its catalog row."""
     lines = [f"ALTER SCHEMA {ident(schema)} RENAME TO {ident(retired)};"]
     for t in tables:
         q = ident(retired, t.name)
