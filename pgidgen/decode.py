@@ -23,7 +23,7 @@ def decode_lines(layout: Layout, lines: Iterable[str], *, as_json: bool) -> Iter
         text = raw.strip()
         if not text:
             continue
-        if text.isdigit() and len(text) <= 20:
+        if text.isascii() and text.isdigit() and len(text) <= 20:
             value = int(text)
             if value >> 64:
                 raise InputError(f"line {lineno}: {text} is larger than 2^64-1", hint="an ID is a 64-bit number")

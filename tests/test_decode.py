@@ -65,6 +65,9 @@ def test_decode_bad_stdin_line() -> None:
     assert r.stdout.startswith("1\t2026-01-01T00:00:00.000Z\tshard 0\tsequence 1")
     assert r.exit_code == 1
     assert r.stderr == "Error: line 2: 'xyz' is not an ID: give a whole number from 0 to 18446744073709551615\n"
+    for digits in ("\u00b2", "\u0663"):  # superscript two, Arabic-Indic three: digits to str.isdigit, not IDs
+        r = decode_cli(input=f"1\n{digits}\n")
+        assert (r.exit_code, r.stderr) == (1, f"Error: line 2: {digits!r} is not an ID: give a whole number from 0 to 18446744073709551615\n")
 
 
 def test_instagram_ids_decode_unsigned() -> None:
