@@ -24,7 +24,7 @@ from functools import lru_cache
 from typing import Any, Iterable
 
 from pglast import ast, parse_sql
-from pglast.enums import GrantTargetType, ObjectType
+from pglast.enums import AlterTableType, GrantTargetType, ObjectType
 from pglast.parser import ParseError
 from pglast.stream import RawStream
 from pglast.visitors import Visitor
@@ -306,6 +306,15 @@ def _target_rangevar(rv: ast.RangeVar | None, targets: set[int]) -> None:
     targets.add(id(rv))
 
 
+def _changed_parent(rv: Any) -> None:
+    """A table a statement attaches to or detaches from another (INHERITS, PARTITION OF, INHERIT, ATTACH
+    PARTITION): both change, so a qualified one is a shared object changed once per shard."""
+    if isinstance(rv, ast.RangeVar) and rv.schemaname is not None:
+        if _forbidden(rv.schemaname):
+            raise _refuse_schema(rv.schemaname, f"relation {rv.relname}")
+        raise _shared_target(f"{rv.schemaname}.{rv.relname}")
+
+
 def _objects_in_names(objtype: ObjectType | None, obj: Any, placeholder: str, what: str) -> Any:
     """COMMENT ON / DROP targets: qualify the object's name with the shard's schema, by object type."""
     if objtype in _REL_OBJECTS:
@@ -406,6 +415,8 @@ def _targets(s: Any, placeholder: str, scope: _FileScope) -> set[int]:
     t: set[int] = set()
     if isinstance(s, ast.CreateStmt):
         _target_rangevar(s.relation, t)
+        for parent in s.inhRelations or ():  # INHERITS (...) and PARTITION OF: the parent is changed too
+            _changed_parent(parent)
     elif isinstance(s, ast.IndexStmt):
         if s.concurrent:
             raise Refused(
@@ -416,6 +427,12 @@ def _targets(s: Any, placeholder: str, scope: _FileScope) -> set[int]:
         _target_rangevar(s.relation, t)
     elif isinstance(s, ast.AlterTableStmt):
         _target_rangevar(s.relation, t)
+        for cmd in s.cmds or ():
+            sub = getattr(cmd, "subtype", None)
+            if sub in (AlterTableType.AT_AddInherit, AlterTableType.AT_DropInherit):
+                _changed_parent(cmd.def_)
+            elif sub in (AlterTableType.AT_AttachPartition, AlterTableType.AT_DetachPartition):
+                _changed_parent(getattr(cmd.def_, "name", None))
     elif isinstance(s, ast.ViewStmt):
         _target_rangevar(s.view, t)
     elif isinstance(s, ast.CreateTableAsStmt):

@@ -46,8 +46,14 @@ CREATE TEMP TABLE scratch (x int);
 -- error: statement 1 (CREATE FUNCTION) cannot be sharded: its body names another shard's schema ({file}:47:1): write names unqualified: the function's search_path is its own shard
 CREATE FUNCTION f() RETURNS bigint LANGUAGE plpgsql AS $$ BEGIN RETURN (SELECT count(*) FROM shard_2.photos); END $$;
 
+-- error: statement 1 (CREATE TABLE) cannot be sharded: it would change public.base once per shard ({file}:50:1): a sharded file creates and changes objects inside the shards only; objects qualified with a schema may be referenced, not created or changed: manage them outside pgidgen
+CREATE TABLE kids (b int) INHERITS (public.base);
+
+-- error: statement 1 (ALTER TABLE) cannot be sharded: it would change public.p once per shard ({file}:53:1): a sharded file creates and changes objects inside the shards only; objects qualified with a schema may be referenced, not created or changed: manage them outside pgidgen
+ALTER TABLE t ATTACH PARTITION public.p FOR VALUES IN (1);
+
 -- A failure on the server names the shard, statement and line; nothing is applied anywhere.
 -- error: 3 of 3 databases failed (db1, db2, db3); the others are as reported above
 CREATE TABLE a (id bigint);
 CREATE TABLE b (id bigint REFERENCES nosuch (id));
--- output: db1: failed, rolled back: database db1 failed in shard_0 at statement 2 (CREATE TABLE) of {file}:52:1: relation "shard_0.nosuch" does not exist [SQLSTATE 42P01]: nothing was applied anywhere (rolled back); fix the file, or the shards it does not fit
+-- output: db1: failed, rolled back: database db1 failed in shard_0 at statement 2 (CREATE TABLE) of {file}:58:1: relation "shard_0.nosuch" does not exist [SQLSTATE 42P01]: nothing was applied anywhere (rolled back); fix the file, or the shards it does not fit
