@@ -59,6 +59,11 @@ def render_shard(layout: Layout, shard: int, *, grant_roles: Sequence[str] = (),
     )
 
 
+def render_shard_grants(shards: Sequence[int], roles: Sequence[str]) -> str:
+    """--grant for shards that exist already (init renders new shards with their grants)."""
+    return "".join(render("shard_grants.sql.j2", schema=schema_name(s), grant_roles=list(roles)) for s in shards)
+
+
 def render_catalog_grants(roles: Sequence[str]) -> str:
     return render("catalog_grants.sql.j2", roles=list(roles))
 

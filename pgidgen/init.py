@@ -15,7 +15,7 @@ from .config import Config
 from .ddl.ledger import read_history, replay_for_new_shards
 from .db import Outcome, each_database, execute_script, read_each, transaction
 from .errors import ConfigError, ConflictError, DatabaseError, PgidgenError
-from .idgen import DEFAULT_GENERATOR, INIT_LOCK, LOCK_CLASS, check_argument_order, render_catalog, render_order_probe, render_catalog_grants, render_shard, schema_name
+from .idgen import DEFAULT_GENERATOR, INIT_LOCK, LOCK_CLASS, check_argument_order, render_catalog, render_order_probe, render_catalog_grants, render_shard, render_shard_grants, schema_name
 from .layout import Layout
 from .ranges import collapse
 
@@ -177,6 +177,9 @@ def init(
             held = sorted(states[name].active)
             return Outcome(name, changed=False, summary=f"unchanged (holds {len(held)} shards: {collapse(held) or 'none'})")
         chunks = render_database(plan, name)
+        if plan.grant_roles:  # the shards already there get the same grants (and lose any older, wider ones)
+            existing = sorted(states[name].active - set(shards))
+            chunks += [render_shard_grants(existing[i:i + BATCH], plan.grant_roles) for i in range(0, len(existing), BATCH)]
         with transaction(name, config.dsn(name), doing="initialising shards") as conn:
             conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, INIT_LOCK))
             again = read_state(conn)
