@@ -431,7 +431,7 @@ def _targets(s: Any, placeholder: str, scope: _FileScope) -> set[int]:
             sub = getattr(cmd, "subtype", None)
             if sub in (AlterTableType.AT_AddInherit, AlterTableType.AT_DropInherit):
                 _changed_parent(cmd.def_)
-            elif sub in (AlterTableType.AT_AttachPartition, AlterTableType.AT_DetachPartition):
+            elif sub in (AlterTableType.AT_AttachPartition, AlterTableType.AT_DetachPartition, AlterTableType.AT_DetachPartitionFinalize):
                 _changed_parent(getattr(cmd.def_, "name", None))
     elif isinstance(s, ast.ViewStmt):
         _target_rangevar(s.view, t)

@@ -706,11 +706,13 @@ class Mover:
     def step_cutover(self) -> None:
         if self._source_retired():
             return
-        if self.opts.offline and self.resumed_step == "cutover" and self._target_row() is not None:
+        if self.opts.offline and self.resumed_step == "cutover":
             # The offline copy commits on the target before the source is retired: a run interrupted between
             # the two left a full copy there (indexes and constraints included), which the copy cannot go into
-            # again. The source still serves; start the target's copy over.
-            self._reset_copy()
+            # again. The source still serves; start the target's copy over (its schema too, should an earlier
+            # resume have stopped between dropping and making it).
+            if self._target_row() is not None:
+                self._reset_copy()
             self.step_schema()
         if "skew_ms" not in self.rec.detail:
             self._measure_skew()
@@ -746,7 +748,7 @@ class Mover:
         retired = f"{schema}_moved_{time.strftime('%Y%m%d%H%M%S', time.gmtime())}"
         self.journal.note("cutover", retired_schema=retired)
         tables = [q.TableRef(schema, t.name) for t in self.ctx.tables]
-        guarded = tables + [q.TableRef(schema, name) for name in self._partitioned(schema)]
+        guarded = [q.TableRef(schema, name) for name in self._partitioned(schema)] + tables  # parents first, as writers lock them
         budget = self.opts.max_pause
         ahead = self._take_ahead()
         if ahead is not None:
@@ -754,24 +756,25 @@ class Mover:
         else:
             src = connect(self.ctx.source, self.config.dsn(self.ctx.source))
             snap = connect(self.ctx.target, self.config.dsn(self.ctx.target))  # before the pause
+        theirs = self._tables_as_they_stand(self.tgt, schema)  # the target's side, read before the pause
         committed = False
         try:
             t_start = time.perf_counter()
             deadline = t_start + budget
             try:
                 execute_script(src, q.freeze_sql(shard, guarded, int(budget * 1000)))
-            except psycopg.errors.LockNotAvailable:
+            except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
                 src.rollback()
                 raise CutoverAborted(f"the shard's tables could not be locked within --max-pause {budget * 1000:.0f} ms (long transactions on them?)") from None
-            now = {r[0] for r in src.execute(
-                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r'", (schema,))}
+            mine = self._tables_as_they_stand(src, schema)
+            now = set(mine)
             if now != {t.name for t in self.ctx.tables}:
                 src.rollback()
                 raise MoveError(
                     f"the tables of {schema} changed during the move ({', '.join(sorted(now ^ {t.name for t in self.ctx.tables}))})",
                     where=self.ctx.source, hint=f"tables created or dropped mid-move are not replicated: roll back with --rollback {shard} and move again",
                 )
-            changed = self._changed_tables(src, schema)
+            changed = self._changed_tables(mine, theirs)
             if changed:
                 src.rollback()
                 raise MoveError(
@@ -834,23 +837,20 @@ class Mover:
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'p' ORDER BY 1",
             (schema,))]
 
-    def _changed_tables(self, src: psycopg.Connection[Any], schema: str) -> list[str]:
+    def _tables_as_they_stand(self, conn: psycopg.Connection[Any], schema: str) -> dict[str, tuple[str, bool]]:
+        """Per table of the schema: its columns (name and type, by name) and whether the move's publication
+        holds it. One catalog query: on the source it runs inside the pause."""
+        return {r[0]: (r[1] or "", bool(r[2])) for r in conn.execute(q.TABLES_AS_THEY_STAND_SQL, {"schema": schema, "publication": self.names.publication})}
+
+    def _changed_tables(self, mine: dict[str, tuple[str, bool]], theirs: dict[str, tuple[str, bool]]) -> list[str]:
         """Under the freeze, before the flip: tables whose columns differ between source and target (DDL on one
         side mid-move), and, online, tables the publication does not hold (dropped and created again under
         the same name: their rows since were never replicated)."""
-        columns = ("SELECT c.relname, pg_catalog.string_agg(a.attname || ' ' || pg_catalog.format_type(a.atttypid, a.atttypmod), ', '"
-                   " ORDER BY a.attname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-                   " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
-                   " WHERE n.nspname = %s AND c.relkind = 'r' GROUP BY 1")
-        mine = dict(src.execute(columns, (schema,)).fetchall())
-        theirs = dict(self.tgt.execute(columns, (schema,)).fetchall())
-        changed = [f"{name}: columns {mine.get(name) or 'none'} on {self.ctx.source}, {theirs.get(name) or 'none'} on {self.ctx.target}"
-                   for name in sorted(set(mine) | set(theirs)) if mine.get(name) != theirs.get(name)]
+        changed = [f"{name}: columns {mine[name][0] if name in mine else 'none'} on {self.ctx.source},"
+                   f" {theirs[name][0] if name in theirs else 'none'} on {self.ctx.target}"
+                   for name in sorted(set(mine) | set(theirs)) if mine.get(name, ("",))[0] != theirs.get(name, ("",))[0]]
         if not self.opts.offline:
-            changed += [f"{r[0]}: not the table the move publishes (created again?)" for r in src.execute(
-                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r'"
-                " AND NOT EXISTS (SELECT FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid"
-                " WHERE pr.prrelid = c.oid AND p.pubname = %s) ORDER BY 1", (schema, self.names.publication))]
+            changed += [f"{name}: not the table the move publishes (created again?)" for name in sorted(mine) if not mine[name][1]]
         return changed
 
     def _offline_copy(self) -> None:
@@ -864,7 +864,7 @@ class Mover:
         if row is None or row[0] != "incoming":
             raise MoveError(f"database {self.ctx.target} lost its copy of shard {self.ctx.shard}", hint="see 'pgidgen map' and the journal (pgidgen.move_log)")
         shard, retired = self.ctx.shard, self.ctx.source_schema
-        if self.resumed_step in ("cutover", "activate") and not self.opts.offline and self._sub_oid():
+        if self.resumed_step in ("cutover", "activate") and getattr(self, "pause_started", None) is None and not self.opts.offline and self._sub_oid():
             # The cutover's catch-up was in an earlier run: a target that restarted since may have lost applied
             # changes (the apply worker commits asynchronously) and must apply them again before it serves.
             if not self._beat(time.perf_counter() + self.opts.catchup_timeout):

@@ -23,7 +23,7 @@ POINT_OF_NO_RETURN = "activate"
 
 
 #: Advisory-lock objects of "shard N is being moved": MOVE_LOCK_BASE - N, far below the small negative objects
-#: other features use (apply-ddl: -4) and disjoint from init (0) and the generators (N >= 0).
+#: other features use (init: -1, apply-ddl: -4) and disjoint from the generators (N >= 0).
 MOVE_LOCK_BASE = -(1 << 24)
 
 

@@ -2,6 +2,8 @@
 takes, after the same read-only checks a real move makes. Nothing is written anywhere."""
 from __future__ import annotations
 
+from typing import Sequence
+
 from ..config import Config
 from ..db import connect
 from . import sqltext as q
@@ -25,12 +27,15 @@ def plan_move(config: Config, shard: int, target: str, *, options: MoveOptions |
             if not opts.offline:
                 check_servers(ctx, src, tgt)
             streams = plan_tables(src, tgt, ctx.schema, [t.name for t in ctx.tables])
+            parents = [r[0] for r in src.execute(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'p' ORDER BY 1",
+                (ctx.schema,))]
         finally:
             tgt.close()
     finally:
         src.close()
     return render_plan(config, ctx.shard, ctx.source, target, [t.name for t in ctx.tables], options=opts,
-                       target_has_catalog=ctx.target_state.has_catalog, columns=columns, streams=streams)
+                       target_has_catalog=ctx.target_state.has_catalog, columns=columns, streams=streams, parents=parents)
 
 
 def render_plan(
@@ -44,6 +49,7 @@ def render_plan(
     target_has_catalog: bool = True,
     columns: dict[str, list[ColumnHash]] | None = None,
     streams: list[TableCopy] | None = None,
+    parents: Sequence[str] = (),
 ) -> list[PlannedStep]:
     schema = f"shard_{shard}"
     streams = streams if streams is not None else [TableCopy(t, True) for t in tables]
@@ -75,13 +81,16 @@ def render_plan(
             PlannedStep("catchup", source, "heartbeats until one arrives within half of --max-pause; measure the clock skew",
                         q.heartbeat_sql(names.token, 0)),
         ]
-    freeze = q.freeze_sql(shard, refs, ms)
+    guarded = [q.TableRef(schema, t) for t in parents] + refs  # partitioned parents too, first (as writers lock them)
+    freeze = q.freeze_sql(shard, guarded, ms) + (
+        "-- the tables, their columns (on both sides)" + ("" if options.offline else " and the publication's hold on them")
+        + " as they stand: any change since the move began stops it here, before the flip\n")
     cut = ("copy the rows (binary COPY streams into the emptied target tables), then the post-data of pg_dump --schema-only, in one target transaction, then verify" if options.offline
            else "write a heartbeat and wait (within --max-pause) until the target has applied it")
     steps += [
         PlannedStep("cutover", source, f"freeze the shard's writes; {cut}; retire the source copy; one transaction",
-                    freeze + "-- " + cut + "\n" + q.retire_sql(shard, schema, retired, refs, target),
-                    [f"EXCLUSIVE on {len(refs)} tables of {schema} for at most {ms} ms plus the flip (reads go on, writes wait)"]),
+                    freeze + "-- " + cut + "\n" + q.retire_sql(shard, schema, retired, guarded, target),
+                    [f"EXCLUSIVE on {len(guarded)} tables of {schema} for at most {ms} ms plus the flip (reads go on, writes wait)"]),
         PlannedStep("activate", target, "carry the DDL-ledger rows, sequences and the generator (last ID from the source, clock skew), go active",
                     q.activate_sql(shard, schema, last_id=":last_id", ahead_ms=":skew_ms",
                                    subscription=None if options.offline else names.subscription),

@@ -143,6 +143,18 @@ def copy_in_sql(schema: str, table: str, *, binary: bool, freeze: bool, columns:
 # -- cutover -------------------------------------------------------------------------------------------
 
 
+#: Per table of a schema: its columns (by name) and whether a publication holds it (engine._changed_tables).
+TABLES_AS_THEY_STAND_SQL = """
+SELECT c.relname,
+       (SELECT pg_catalog.string_agg(a.attname OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) pg_catalog.format_type(a.atttypid, a.atttypmod), ', ' ORDER BY a.attname)
+        FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
+       EXISTS (SELECT FROM pg_catalog.pg_publication_rel pr JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
+               WHERE pr.prrelid = c.oid AND p.pubname = %(publication)s)
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relkind = 'r'
+"""
+
+
 def freeze_sql(shard: int, tables: Sequence[TableRef], lock_timeout_ms: int) -> str:
     """Stop writes to the shard on the source. First the shard's catalog row FOR UPDATE, the lock routed
     transactions take FOR SHARE in pgidgen.claim_shard() (same order as theirs, so no deadlock): claimed
@@ -267,12 +279,15 @@ def checksum_sql(schema: str, table: str, columns: Sequence[ColumnHash] | None =
     what columns without a hash function of their own take (inside ROW(...)), and what runs without columns. A
     NULL hashes to minus its position: some hash functions return their seed for a value (0.0 for floats), so
     the position itself would let a NULL that became such a value pass. Tables with a column type that has no
-    hash at all (json, ...) hash the row's text instead (as_text), the same choice on both sides since their
-    types are the same.
+    hash at all (json, xml, point, ...) hash each column's text instead (as_text; by name, so the columns' order
+    in the table does not matter), the same choice on both sides (see verify.compare); without columns, the
+    row's text.
     (Chaining the columns, each column's hash seeding the next, is one call per column cheaper but unsound:
     hash functions that ignore their seed for some values, an empty array's or a NULL inside a record, reset
     the chain, and those that return it, 0.0's, drop a column's position.)"""
-    if as_text:
+    if as_text and columns:  # each column's text, by name: independent of the columns' order in either table
+        h = " # ".join(f"coalesce({_column_hash(ColumnHash(c.name, None, True), k)}, -{k})" for k, c in enumerate(columns, start=1))
+    elif as_text:
         h = "pg_catalog.hashtextextended(ROW(r.*)::text, 0)"
     elif columns is None:
         h = "pg_catalog.hash_record_extended(ROW(r.*), 0)"
@@ -299,14 +314,13 @@ def _column_hash(c: ColumnHash, seed: int) -> str:
 #: as stored: types defined in the database (an enum hashes its OID, which differs between two databases);
 #: collatable ones (a nondeterministic collation hashes 'A' and 'a' alike; the text is hashed under "C"); and
 #: those whose equality is looser than identity (numeric 1.5 = 1.50, float -0 = 0, interval '1 day' =
-#: '24 hours', jsonb, whose hash also returns the seed for '{}' and '[]'). Their text is exact under
-#: VERIFY_SETTINGS.
+#: '24 hours', jsonb, whose hash also returns the seed for '{}' and '[]'), and arrays of those. Their text is exact
+#: under VERIFY_SETTINGS. (Ranges of them still hash as ranges.)
 COLUMN_HASHES_SQL = """
 SELECT c.relname, a.attname, fn.nspname, fn.proname,
        bt.oid::bigint >= 16384 OR a.attcollation <> 0
-       OR bt.oid IN ('pg_catalog.float4'::pg_catalog.regtype, 'pg_catalog.float8'::pg_catalog.regtype,
-                     'pg_catalog.numeric'::pg_catalog.regtype, 'pg_catalog.interval'::pg_catalog.regtype,
-                     'pg_catalog.jsonb'::pg_catalog.regtype) AS as_text
+       OR bt.oid IN ('pg_catalog.float4'::pg_catalog.regtype, 'pg_catalog.float8'::pg_catalog.regtype, 'pg_catalog.numeric'::pg_catalog.regtype, 'pg_catalog.interval'::pg_catalog.regtype, 'pg_catalog.jsonb'::pg_catalog.regtype)
+       OR bt.typelem IN ('pg_catalog.float4'::pg_catalog.regtype, 'pg_catalog.float8'::pg_catalog.regtype, 'pg_catalog.numeric'::pg_catalog.regtype, 'pg_catalog.interval'::pg_catalog.regtype, 'pg_catalog.jsonb'::pg_catalog.regtype) AS as_text
 FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Collection, Sequence
+from typing import Any, Sequence
 
 import psycopg
 
@@ -67,33 +67,45 @@ def column_hashes(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[
     return out
 
 
+#: How a table was checksummed, from the per-column hash functions (0) to each column's text (1) and the whole
+#: row's text (2, when this side lacks one of the source's columns): a table is compared in the same form on both.
+NATIVE, COLUMN_TEXT, ROW_TEXT = 0, 1, 2
+
+
 def checksums(
     conn: psycopg.Connection[Any],
     schema: str,
     tables: Sequence[str],
     columns: dict[str, list[ColumnHash]] | None = None,
     *,
-    as_text: Collection[str] = (),
-) -> tuple[dict[str, tuple[int, str]], set[str]]:
-    """Runs in whatever transaction conn is in (the caller's snapshot is what gets compared). Tables in as_text,
-    and those whose columns this side cannot hash as the source's (a column type with no such hash function, a
-    column missing), are checksummed over their rows' text; returns the checksums and those tables."""
+    forms: dict[str, int] | None = None,
+) -> tuple[dict[str, tuple[int, str]], dict[str, int]]:
+    """Runs in whatever transaction conn is in (the caller's snapshot is what gets compared). Each table in the
+    form asked for (forms), or the first form this side can compute: a column type without the source's hash
+    function (json, or a type changed by DDL) takes column text, a column missing the row's text. Returns the
+    checksums and the form each table took."""
     conn.execute(VERIFY_SETTINGS.replace("SET ", "SET LOCAL ") if not conn.autocommit else VERIFY_SETTINGS)
     out: dict[str, tuple[int, str]] = {}
-    texts = set(as_text)
+    took: dict[str, int] = {}
     for t in tables:
+        cols = None if columns is None else columns.get(t, [])
+        form = (forms or {}).get(t, NATIVE)
         row = None
-        if t not in texts:
+        while row is None:
+            sql = checksum_sql(schema, t, None if form == ROW_TEXT else cols, as_text=form != NATIVE)
+            if form == ROW_TEXT:
+                row = conn.execute(sql).fetchone()
+                break
             try:
                 with conn.transaction():  # a savepoint inside the caller's snapshot
-                    row = conn.execute(checksum_sql(schema, t, None if columns is None else columns.get(t, []))).fetchone()
-            except (psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedColumn):
-                texts.add(t)
-        if row is None:
-            row = conn.execute(checksum_sql(schema, t, as_text=True)).fetchone()
+                    row = conn.execute(sql).fetchone()
+            except psycopg.errors.UndefinedFunction:
+                form = COLUMN_TEXT if form == NATIVE else ROW_TEXT
+            except psycopg.errors.UndefinedColumn:
+                form = ROW_TEXT
         assert row is not None
-        out[t] = (int(row[0]), str(row[1]))
-    return out, texts
+        out[t], took[t] = (int(row[0]), str(row[1])), form
+    return out, took
 
 
 def compare(
@@ -106,14 +118,14 @@ def compare(
     when: str = "at the cutover point",
 ) -> Verification:
     """Both sides at once, each in its own thread (the two connections are independent). A table one side had
-    to checksum as text is checksummed as text on the other side too, so the two forms are never compared."""
+    to checksum in a text form is checksummed in that form on the other side too, so forms are never mixed."""
     columns = column_hashes(source, source_schema)
     with ThreadPoolExecutor(max_workers=2) as pool:
         fs = pool.submit(checksums, source, source_schema, tables, columns)
         ft = pool.submit(checksums, target, target_schema, tables, columns)
-        (s, s_text), (t, t_text) = fs.result(), ft.result()
-    if s_text - t_text:
-        t.update(checksums(target, target_schema, sorted(s_text - t_text), as_text=s_text)[0])
-    if t_text - s_text:
-        s.update(checksums(source, source_schema, sorted(t_text - s_text), as_text=t_text)[0])
+        (s, s_form), (t, t_form) = fs.result(), ft.result()
+    for sums, schema, conn, mine, theirs in ((s, source_schema, source, s_form, t_form), (t, target_schema, target, t_form, s_form)):
+        redo = {name: theirs[name] for name in tables if theirs[name] > mine[name]}
+        if redo:
+            sums.update(checksums(conn, schema, sorted(redo), columns, forms=redo)[0])
     return Verification([TableCheck(name, s[name][0], t[name][0], s[name][1], t[name][1]) for name in tables], when=when)
