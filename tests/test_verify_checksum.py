@@ -3,7 +3,8 @@ physical order, different for every kind of difference a broken copy could make,
 hash functions treat specially (0.0, empty arrays and objects, equal-but-not-identical values) included."""
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import psycopg
 import pytest
@@ -65,37 +66,37 @@ def test_checksum_tells_tables_apart(conn: Any, columns: str, left: list[str], r
     assert (sums["l"] == sums["r"]) is equal
 
 
-def test_a_table_one_side_must_checksum_as_text_is_text_on_both(conn: Any, pg_servers: Any) -> None:
-    """`--verify` after DDL changed a column's type on one side: the source's hash function does not take the
-    other type, so that side hashes rows as text, and so must the other side, or equal data would differ."""
-    for schema, kind in (("checksum_a", "int"), ("checksum_b", "bigint")):
+@contextmanager
+def two_tables(conn: Any, dsn: str, columns_a: str, columns_b: str, insert: str) -> Iterator[Callable[[], bool]]:
+    """checksum_a.t and checksum_b.t with the given columns and the same rows; yields compare(a, b).ok."""
+    for schema, cols in (("checksum_a", columns_a), ("checksum_b", columns_b)):
         conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         conn.execute(f"CREATE SCHEMA {schema}")
-        conn.execute(f"CREATE TABLE {schema}.t (id {kind} PRIMARY KEY, note text)")
-        conn.execute(f"INSERT INTO {schema}.t VALUES (1, 'x'), (2, NULL)")
+        conn.execute(f"CREATE TABLE {schema}.t ({cols})")
+        conn.execute(f"INSERT INTO {schema}.t {insert}")
     try:
-        with psycopg.connect(pg_servers[0].dsn, autocommit=True) as a, psycopg.connect(pg_servers[0].dsn, autocommit=True) as b:
-            assert compare(a, "checksum_a", b, "checksum_b", ["t"]).ok
-            conn.execute("UPDATE checksum_b.t SET note = 'y' WHERE id = 1")
-            assert not compare(a, "checksum_a", b, "checksum_b", ["t"]).ok
+        with psycopg.connect(dsn, autocommit=True) as a, psycopg.connect(dsn, autocommit=True) as b:
+            yield lambda: compare(a, "checksum_a", b, "checksum_b", ["t"]).ok
     finally:
         conn.execute("DROP SCHEMA checksum_a CASCADE")
         conn.execute("DROP SCHEMA checksum_b CASCADE")
+
+
+def test_a_table_one_side_must_checksum_as_text_is_text_on_both(conn: Any, pg_servers: Any) -> None:
+    """`--verify` after DDL changed a column's type on one side: the source's hash function does not take the
+    other type, so that side hashes rows as text, and so must the other side, or equal data would differ."""
+    with two_tables(conn, pg_servers[0].dsn, "id int PRIMARY KEY, note text", "id bigint PRIMARY KEY, note text",
+                    "VALUES (1, 'x'), (2, NULL)") as same:
+        assert same()
+        conn.execute("UPDATE checksum_b.t SET note = 'y' WHERE id = 1")
+        assert not same()
 
 
 def test_columns_without_a_hash_are_compared_by_name(conn: Any, pg_servers: Any) -> None:
     """A json column has no hash function: the table is checksummed over each column's text, by name, so the
     same rows in tables whose columns stand in another order (a child table recreated by pg_dump) match."""
-    for schema, cols in (("checksum_a", "id int, a text, x int, j json, b text"), ("checksum_b", "id int, a text, b text, x int, j json")):
-        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-        conn.execute(f"CREATE SCHEMA {schema}")
-        conn.execute(f"CREATE TABLE {schema}.t ({cols})")
-        conn.execute(f"INSERT INTO {schema}.t (id, a, b, x, j) VALUES (1, 'p', 'q', 7, '{{\"k\": 1}}'), (2, NULL, 'r', NULL, NULL)")
-    try:
-        with psycopg.connect(pg_servers[0].dsn, autocommit=True) as a, psycopg.connect(pg_servers[0].dsn, autocommit=True) as b:
-            assert compare(a, "checksum_a", b, "checksum_b", ["t"]).ok
-            conn.execute("UPDATE checksum_b.t SET j = '{\"k\": 2}' WHERE id = 1")
-            assert not compare(a, "checksum_a", b, "checksum_b", ["t"]).ok
-    finally:
-        conn.execute("DROP SCHEMA checksum_a CASCADE")
-        conn.execute("DROP SCHEMA checksum_b CASCADE")
+    with two_tables(conn, pg_servers[0].dsn, "id int, a text, x int, j json, b text", "id int, a text, b text, x int, j json",
+                    "(id, a, b, x, j) VALUES (1, 'p', 'q', 7, '{\"k\": 1}'), (2, NULL, 'r', NULL, NULL)") as same:
+        assert same()
+        conn.execute("UPDATE checksum_b.t SET j = '{\"k\": 2}' WHERE id = 1")
+        assert not same()
