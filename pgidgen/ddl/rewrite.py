@@ -206,6 +206,21 @@ def _forbidden(schema: str | None) -> bool:
     return schema is not None and (schema == "pgidgen" or bool(SHARD_RE.match(schema)))
 
 
+_LITERAL_SCHEMA_RE = re.compile(r'^\s*(?:"((?:[^"]|"")+)"|([^".]+))\s*\.\s*(.+)$')
+
+
+def _check_relation_literal(arg: Any) -> None:
+    """A relation named in a string ('shard_3.s'::regclass, nextval('pgidgen.x')) is looked up by name when the
+    statement runs in each shard: a shard or catalog schema in it would tie every shard to that one object."""
+    if not (isinstance(arg, ast.A_Const) and isinstance(arg.val, ast.String)):
+        return
+    m = _LITERAL_SCHEMA_RE.match(arg.val.sval)
+    if m:
+        schema = m.group(1).replace('""', '"') if m.group(1) is not None else m.group(2).strip().lower()
+        if _forbidden(schema):
+            raise _refuse_schema(schema, f"relation {m.group(3).strip()} (in a string)")
+
+
 def _refuse_schema(schema: str, thing: str) -> Refused:
     if schema == "pgidgen":
         return Refused(f"it names {thing} in pgidgen's catalog schema", "the catalog is pgidgen's own; leave it out of sharded files")
@@ -255,11 +270,17 @@ class _Qualifier(Visitor):  # type: ignore[misc]
 
     def visit_FuncCall(self, ancestors: Any, node: ast.FuncCall) -> None:
         names = _names(node.funcname)
+        if names[-1] in ("nextval", "currval", "setval") and names[:-1] in ([], ["pg_catalog"]) and node.args:
+            _check_relation_literal(node.args[0])
         if len(names) == 1:
             if (names[0] == "next_id" and not node.args) or names[0] in self.functions:
                 node.funcname = (self._p(), ast.String(sval=names[0]))
         elif len(names) >= 2 and SHARD_RE.match(names[-2]):
             raise _refuse_schema(names[-2], f"function {names[-1]}()")
+
+    def visit_TypeCast(self, ancestors: Any, node: ast.TypeCast) -> None:
+        if node.typeName is not None and _names(node.typeName.names)[-1:] == ["regclass"]:
+            _check_relation_literal(node.arg)
 
     def visit_TypeName(self, ancestors: Any, node: ast.TypeName) -> None:
         names = _names(node.names)

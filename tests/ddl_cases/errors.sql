@@ -52,8 +52,11 @@ CREATE TABLE kids (b int) INHERITS (public.base);
 -- error: statement 1 (ALTER TABLE) cannot be sharded: it would change public.p once per shard ({file}:53:1): a sharded file creates and changes objects inside the shards only; objects qualified with a schema may be referenced, not created or changed: manage them outside pgidgen
 ALTER TABLE t ATTACH PARTITION public.p FOR VALUES IN (1);
 
+-- error: statement 1 (CREATE TABLE) cannot be sharded: it names relation s (in a string) in shard schema shard_3 ({file}:56:1): write names unqualified (and next_id() without a schema): pgidgen puts them into every shard itself
+CREATE TABLE counters (n bigint DEFAULT nextval('shard_3.s'));
+
 -- A failure on the server names the shard, statement and line; nothing is applied anywhere.
 -- error: 3 of 3 databases failed (db1, db2, db3); the others are as reported above
 CREATE TABLE a (id bigint);
 CREATE TABLE b (id bigint REFERENCES nosuch (id));
--- output: db1: failed, rolled back: database db1 failed in shard_0 at statement 2 (CREATE TABLE) of {file}:58:1: relation "shard_0.nosuch" does not exist [SQLSTATE 42P01]: nothing was applied anywhere (rolled back); fix the file, or the shards it does not fit
+-- output: db1: failed, rolled back: database db1 failed in shard_0 at statement 2 (CREATE TABLE) of {file}:61:1: relation "shard_0.nosuch" does not exist [SQLSTATE 42P01]: nothing was applied anywhere (rolled back); fix the file, or the shards it does not fit
