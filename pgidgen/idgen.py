@@ -10,7 +10,7 @@ from .errors import ConfigError, DatabaseError
 from .layout import Layout, iso_ms
 from .render import literal, render, static_sql
 
-#: Advisory-lock class of pgidgen's locks ('pgid'); the object id is the shard number (or 0 for init).
+#: Advisory-lock class of pgidgen's locks ('pgid'); the object id is the shard number (or INIT_LOCK for init).
 LOCK_CLASS = 1885825380
 #: init's object in that class: not 0, which is shard 0's generator lock (its slow path would wait for init).
 INIT_LOCK = -1

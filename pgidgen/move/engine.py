@@ -833,9 +833,7 @@ class Mover:
         self.checking = Background(check)
 
     def _partitioned(self, schema: str) -> list[str]:
-        return [r[0] for r in self.admin.execute(
-            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'p' ORDER BY 1",
-            (schema,))]
+        return [r[0] for r in self.admin.execute(q.PARTITIONED_SQL, (schema,))]
 
     def _tables_as_they_stand(self, conn: psycopg.Connection[Any], schema: str) -> dict[str, tuple[str, bool]]:
         """Per table of the schema: its columns (name and type, by name) and whether the move's publication

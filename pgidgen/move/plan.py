@@ -27,9 +27,7 @@ def plan_move(config: Config, shard: int, target: str, *, options: MoveOptions |
             if not opts.offline:
                 check_servers(ctx, src, tgt)
             streams = plan_tables(src, tgt, ctx.schema, [t.name for t in ctx.tables])
-            parents = [r[0] for r in src.execute(
-                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'p' ORDER BY 1",
-                (ctx.schema,))]
+            parents = [r[0] for r in src.execute(q.PARTITIONED_SQL, (ctx.schema,))]
         finally:
             tgt.close()
     finally:

@@ -143,6 +143,13 @@ def copy_in_sql(schema: str, table: str, *, binary: bool, freeze: bool, columns:
 # -- cutover -------------------------------------------------------------------------------------------
 
 
+#: A schema's partitioned tables: the freeze locks them and the retired copy guards them with their partitions.
+PARTITIONED_SQL = (
+    "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE n.nspname = %s AND c.relkind = 'p' ORDER BY 1"
+)
+
+
 #: Per table of a schema: its columns (by name) and whether a publication holds it (engine._changed_tables).
 TABLES_AS_THEY_STAND_SQL = """
 SELECT c.relname,
@@ -319,8 +326,8 @@ def _column_hash(c: ColumnHash, seed: int) -> str:
 COLUMN_HASHES_SQL = """
 SELECT c.relname, a.attname, fn.nspname, fn.proname,
        bt.oid::bigint >= 16384 OR a.attcollation <> 0
-       OR bt.oid IN ('pg_catalog.float4'::pg_catalog.regtype, 'pg_catalog.float8'::pg_catalog.regtype, 'pg_catalog.numeric'::pg_catalog.regtype, 'pg_catalog.interval'::pg_catalog.regtype, 'pg_catalog.jsonb'::pg_catalog.regtype)
-       OR bt.typelem IN ('pg_catalog.float4'::pg_catalog.regtype, 'pg_catalog.float8'::pg_catalog.regtype, 'pg_catalog.numeric'::pg_catalog.regtype, 'pg_catalog.interval'::pg_catalog.regtype, 'pg_catalog.jsonb'::pg_catalog.regtype) AS as_text
+       OR EXISTS (SELECT FROM (VALUES (bt.oid), (bt.typelem)) AS v (oid) WHERE v.oid = ANY (ARRAY[
+           'pg_catalog.float4', 'pg_catalog.float8', 'pg_catalog.numeric', 'pg_catalog.interval', 'pg_catalog.jsonb']::pg_catalog.regtype[])) AS as_text
 FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped

@@ -90,19 +90,17 @@ def checksums(
     for t in tables:
         cols = None if columns is None else columns.get(t, [])
         form = (forms or {}).get(t, NATIVE)
-        row = None
-        while row is None:
-            sql = checksum_sql(schema, t, None if form == ROW_TEXT else cols, as_text=form != NATIVE)
-            if form == ROW_TEXT:
-                row = conn.execute(sql).fetchone()
-                break
+        while form != ROW_TEXT:  # the row's text always computes; the other forms may not on this side
             try:
                 with conn.transaction():  # a savepoint inside the caller's snapshot
-                    row = conn.execute(sql).fetchone()
+                    row = conn.execute(checksum_sql(schema, t, cols, as_text=form == COLUMN_TEXT)).fetchone()
+                break
             except psycopg.errors.UndefinedFunction:
-                form = COLUMN_TEXT if form == NATIVE else ROW_TEXT
+                form += 1
             except psycopg.errors.UndefinedColumn:
                 form = ROW_TEXT
+        else:
+            row = conn.execute(checksum_sql(schema, t, as_text=True)).fetchone()
         assert row is not None
         out[t], took[t] = (int(row[0]), str(row[1])), form
     return out, took
