@@ -34,6 +34,17 @@ CASES: list[tuple[str, str, list[str], list[str], bool]] = [
     ("jsonb {} and []", "a int, j jsonb", ["(1, '{}')"], ["(1, '[]')"], False),
     ("numeric arrays {1.50} and {1.5}", "n numeric[]", ["('{1.50}')"], ["('{1.5}')"], False),
     ("case under a case-insensitive collation", "t text COLLATE checksum_cases.ci", ["('Bob')"], ["('bob')"], False),
+    # hashint8extended folds a bigint's two 32-bit halves into one before hashing: so do the types built on it
+    ("bigint halves swapped", "a bigint, b int", ["(x'0000000100000002'::bigint, 1)"], ["(x'0000000200000001'::bigint, 1)"], False),
+    ("bigint 1 and 2^32", "a bigint", ["(1)", "(5)"], ["(4294967296)", "(5)"], False),
+    ("bigint arrays {1} and {2^32}", "a bigint[]", ["('{1}')"], ["('{4294967296}')"], False),
+    ("int8 ranges", "r int8range", ["('[1,3)')"], ["('[4294967296,4294967298)')"], False),
+    ("timestamptz 2^32 microseconds apart with the same fold", "t timestamptz",
+     ["('2000-01-01 00:00:00.000001+00')"], ["('2000-01-01 00:00:00+00'::timestamptz + 4294967296 * interval '1 microsecond')"], False),
+    ("timestamp 2^32 microseconds apart with the same fold", "t timestamp",
+     ["('2000-01-01 00:00:00.000001')"], ["('2000-01-01 00:00:00'::timestamp + 4294967296 * interval '1 microsecond')"], False),
+    ("time of day 2^32 microseconds apart with the same fold", "t time", ["('00:00:00.000001')"], ["('01:11:34.967296')"], False),
+    ("pg_lsn halves swapped", "l pg_lsn", ["('1/2')"], ["('2/1')"], False),
 ]
 
 

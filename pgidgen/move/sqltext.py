@@ -277,6 +277,7 @@ class ColumnHash:
     name: str
     function: tuple[str, str] | None  # (schema, name); None: the type has none of its own (e.g. an array)
     as_text: bool = False  # hashed as its text: see COLUMN_HASHES_SQL
+    halves: bool = False  # a bigint: its high half hashed too (see _column_hash)
 
 
 def checksum_sql(schema: str, table: str, columns: Sequence[ColumnHash] | None = None, *, as_text: bool = False) -> str:
@@ -311,23 +312,32 @@ def _column_hash(c: ColumnHash, seed: int) -> str:
     col = "r." + ident(c.name)
     if c.as_text:
         return f'pg_catalog.hashtextextended({col}::text COLLATE "C", {seed})'
+    if c.function and c.halves:
+        # hashint8extended hashes the XOR of a bigint's two halves: 1 and 2^32 alike, and a value with its halves
+        # swapped. The high half hashed on its own (seeded apart) makes the pair a function of the whole value.
+        return f"({ident(*c.function)}({col}, {seed}) OPERATOR(pg_catalog.#) {ident(*c.function)}({col} OPERATOR(pg_catalog.>>) 32, {-seed}))"
     if c.function:
         return f"{ident(*c.function)}({col}, {seed})"
     return f"pg_catalog.hash_record_extended(ROW({col}), {seed})"
 
 
-#: Per column, the type's (or a domain's base type's) default hash opclass and its extended hash function, and
-#: whether to hash the column's text instead (as_text), for the types whose hash is not a function of the value
-#: as stored: types defined in the database (an enum hashes its OID, which differs between two databases);
-#: collatable ones (a nondeterministic collation hashes 'A' and 'a' alike; the text is hashed under "C"); and
-#: those whose equality is looser than identity (numeric 1.5 = 1.50, float -0 = 0, interval '1 day' =
-#: '24 hours', jsonb, whose hash also returns the seed for '{}' and '[]'), and arrays of those. Their text is exact
-#: under VERIFY_SETTINGS. (Ranges of them still hash as ranges.)
+#: Per column, the type's (or a domain's base type's) default hash opclass and its extended hash function; whether
+#: to hash the column's text instead (as_text), for the types whose hash is not a function of the value as
+#: stored; and whether it is a bigint (halves, see _column_hash). Text for: types defined in the database (an
+#: enum hashes its OID, which differs between two databases); collatable ones (a nondeterministic collation
+#: hashes 'A' and 'a' alike; the text is hashed under "C"); those whose equality is looser than identity
+#: (numeric 1.5 = 1.50, float -0 = 0, interval '1 day' = '24 hours', jsonb, whose hash also returns the seed for
+#: '{}' and '[]'); those hashed by hashint8extended, which folds the two 32-bit halves into one before hashing
+#: (timestamps, times, pg_lsn, xid8: 1 and 2^32 microseconds after midnight hash alike); arrays of all these and
+#: of bigint; ranges and multiranges. Their text is exact under VERIFY_SETTINGS.
 COLUMN_HASHES_SQL = """
 SELECT c.relname, a.attname, fn.nspname, fn.proname,
-       bt.oid::bigint >= 16384 OR a.attcollation <> 0
-       OR EXISTS (SELECT FROM (VALUES (bt.oid), (bt.typelem)) AS v (oid) WHERE v.oid = ANY (ARRAY[
-           'pg_catalog.float4', 'pg_catalog.float8', 'pg_catalog.numeric', 'pg_catalog.interval', 'pg_catalog.jsonb']::pg_catalog.regtype[])) AS as_text
+       bt.oid::bigint >= 16384 OR a.attcollation <> 0 OR bt.typelem = 'pg_catalog.int8'::pg_catalog.regtype
+       OR EXISTS (SELECT FROM pg_catalog.pg_type x WHERE x.oid IN (bt.oid, bt.typelem) AND (x.typtype IN ('r', 'm') OR x.oid = ANY (ARRAY[
+           'pg_catalog.float4', 'pg_catalog.float8', 'pg_catalog.numeric', 'pg_catalog.interval', 'pg_catalog.jsonb',
+           'pg_catalog.timestamp', 'pg_catalog.timestamptz', 'pg_catalog.time', 'pg_catalog.timetz', 'pg_catalog.pg_lsn',
+           'pg_catalog.xid8', 'pg_catalog.money']::pg_catalog.regtype[]))) AS as_text,
+       bt.oid = 'pg_catalog.int8'::pg_catalog.regtype AS halves
 FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped

@@ -62,8 +62,8 @@ class Verification:
 def column_hashes(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[ColumnHash]]:
     """Read on one side (the source) so both sides run the very same statements."""
     out: dict[str, list[ColumnHash]] = {}
-    for table, column, fn_schema, fn_name, as_text in conn.execute(COLUMN_HASHES_SQL, (schema,)):
-        out.setdefault(table, []).append(ColumnHash(column, (fn_schema, fn_name) if fn_name else None, bool(as_text)))
+    for table, column, fn_schema, fn_name, as_text, halves in conn.execute(COLUMN_HASHES_SQL, (schema,)):
+        out.setdefault(table, []).append(ColumnHash(column, (fn_schema, fn_name) if fn_name else None, bool(as_text), bool(halves)))
     return out
 
 
