@@ -135,13 +135,23 @@ class Layout:
         seq = value & (self.ids_per_ms - 1)
         return self.epoch_ms + t, shard, seq
 
-    def min_id(self, ms: int) -> int:
-        """The smallest ID whose time is ms (clamped to the layout's range)."""
-        t = min(max(ms - self.epoch_ms, 0), self.max_time)
-        return t << self.time_shift
+    def min_id(self, ms: int) -> int | None:
+        """The smallest ID of millisecond ms (Unix time): 0 before the epoch, None after the time field's last
+        millisecond (no ID is that late), as pgidgen.min_id() in SQL."""
+        t = ms - self.epoch_ms
+        if t > self.max_time:
+            return None
+        return max(t, 0) << self.time_shift
 
     def max_id(self, ms: int) -> int:
-        return self.min_id(ms) | ((1 << self.time_shift) - 1)
+        """The largest ID of millisecond ms: -1 before the epoch (no ID is that early), 2^63-1 after the time
+        field's last millisecond, as pgidgen.max_id() in SQL."""
+        t = ms - self.epoch_ms
+        if t < 0:
+            return -1
+        if t > self.max_time:
+            return (1 << 63) - 1
+        return (t << self.time_shift) | ((1 << self.time_shift) - 1)
 
     def as_dict(self) -> dict[str, object]:
         return {
