@@ -221,6 +221,17 @@ def _check_relation_literal(arg: Any) -> None:
             raise _refuse_schema(schema, f"relation {m.group(3).strip()} (in a string)")
 
 
+def _check_bound_early(fn: str, arg: Any) -> None:
+    """nextval('s') binds the sequence when the statement runs in each shard (a regclass constant: that shard's
+    own s). Cast to text first, nextval('s'::text), it is looked up by name on every call, through the calling
+    session's search_path, which does not lead into the shard: every shard would share public.s, or fail."""
+    if isinstance(arg, ast.TypeCast) and arg.typeName is not None and _names(arg.typeName.names)[-1:] != ["regclass"]:
+        raise Refused(
+            f"{fn}() takes its sequence's name as {'.'.join(_names(arg.typeName.names))}, looked up on every call through the caller's search_path, not in the shard",
+            f"write {fn}('name') with the name as a plain string (or ::regclass): each shard then uses its own sequence",
+        )
+
+
 def _refuse_schema(schema: str, thing: str) -> Refused:
     if schema == "pgidgen":
         return Refused(f"it names {thing} in pgidgen's catalog schema", "the catalog is pgidgen's own; leave it out of sharded files")
@@ -272,6 +283,7 @@ class _Qualifier(Visitor):  # type: ignore[misc]
         names = _names(node.funcname)
         if names[-1] in ("nextval", "currval", "setval") and names[:-1] in ([], ["pg_catalog"]) and node.args:
             _check_relation_literal(node.args[0])
+            _check_bound_early(names[-1], node.args[0])
         if len(names) == 1:
             if (names[0] == "next_id" and not node.args) or names[0] in self.functions:
                 node.funcname = (self._p(), ast.String(sval=names[0]))

@@ -60,3 +60,7 @@ CREATE TABLE counters (n bigint DEFAULT nextval('shard_3.s'));
 CREATE TABLE a (id bigint);
 CREATE TABLE b (id bigint REFERENCES nosuch (id));
 -- output: db1: failed, rolled back: database db1 failed in shard_0 at statement 2 (CREATE TABLE) of {file}:61:1: relation "shard_0.nosuch" does not exist [SQLSTATE 42P01]: nothing was applied anywhere (rolled back); fix the file, or the shards it does not fit
+
+-- error: statement 2 (CREATE TABLE) cannot be sharded: nextval() takes its sequence's name as text, looked up on every call through the caller's search_path, not in the shard ({file}:66:1): write nextval('name') with the name as a plain string (or ::regclass): each shard then uses its own sequence
+CREATE SEQUENCE s;
+CREATE TABLE counters (n bigint DEFAULT nextval('s'::text));
