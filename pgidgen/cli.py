@@ -518,6 +518,6 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
     show = (lambda m, r: click.echo(f"shard {m.shard}: {m.source} -> {m.target}: "
                                     + (f"FAILED: {r.render()}" if isinstance(r, PgidgenError) else f"done, pause {r.pause_ms or 0:.0f} ms"), err=True))
     result = rebalance(config, names, parallel=parallel, options=opts, on_done=None if as_json else show)
-    click.echo(json.dumps(result.as_dict(), indent=2) if as_json else "\n".join(result.plan.lines()[: len(result.plan.before)]))
+    click.echo(json.dumps(result.as_dict(), indent=2) if as_json else "\n".join(result.lines() + result.plan.lines()[len(result.plan.before) + len(result.plan.moves):]))
     if not result.ok:
         raise click.ClickException(f"{len(result.failures)} of {len(result.plan.moves)} moves failed; the others are done (see above)")

@@ -18,6 +18,7 @@ from pgidgen.config import Config
 from pgidgen.init import init
 from pgidgen.move import CopyProgress, MoveError, MoveOptions, cleanup, move_shard, resume_move, rollback_move, verify_move
 from pgidgen.move.journal import ONLINE_STEPS, POINT_OF_NO_RETURN
+from pgidgen.move.rebalance import spread
 from pgidgen.move.sqltext import DEPENDS_ON_CATALOG_SQL
 from pgidgen.move.transfer import plan_tables
 from pgidgen.shardmap import read_map
@@ -547,6 +548,54 @@ def test_rebalance_onto_a_new_database(config: Config, config_file: Path) -> Non
     assert leftovers(config.databases) == []
     res = runner.invoke(main, ["--config", str(config_file), "rebalance", "--dry-run"])
     assert res.output.splitlines()[-1] == "nothing to do: the shards are spread evenly"
+
+
+def test_rebalance_plan_says_when_retired_copies_keep_it_uneven() -> None:
+    """When every shard that could even the spread has its retired copy on the database short of shards, the plan
+    does what it can and says why it stays uneven, instead of "spread evenly"."""
+    plan = spread(["db1", "db2", "db3"], {"db1": [0, 1, 2], "db2": [3, 4, 5], "db3": []}, fixed=set(), retired={"db3": {0, 1, 2}})
+    assert [(m.shard, m.source, m.target) for m in plan.moves] == [(5, "db2", "db3")]
+    assert not plan.even and plan.as_dict()["even"] is False
+    assert plan.lines()[-1] == "not spread evenly: db3 still holds the retired copies of shards 0-2 ('pgidgen move-shard --cleanup N' drops it)"
+    even = spread(["db1", "db2"], {"db1": list(range(8)), "db2": []}, fixed=set(), retired={})
+    assert [m.shard for m in even.moves] == [4, 5, 6, 7] and even.even and even.lines()[-1] == "move shard 7: db1 -> db2"
+
+
+def test_rebalance_around_a_move_in_progress_and_a_retired_copy(config: Config, config_file: Path) -> None:
+    """A shard in the middle of a move stays where it is (the rest is still planned and run), and a shard whose
+    retired copy is on the database short of shards is replaced by its neighbour instead of leaving the spread
+    uneven (found by a review: rebalance refused outright, and stopped at 3/4/1 saying "spread evenly")."""
+    setup_shards(config, rows=20)
+    with psycopg.connect(config.dsn("db2"), autocommit=True) as c:
+        for shard in range(4, 8):
+            c.execute(f"CREATE TABLE shard_{shard}.t (id bigint PRIMARY KEY DEFAULT shard_{shard}.next_id(), v int)")
+            c.execute(f"INSERT INTO shard_{shard}.t (v) SELECT g FROM generate_series(1, 20) g")
+    move_shard(config, 7, "db3")
+    cleanup(config, 7)
+    move_shard(config, 7, "db2")  # db3 keeps shard 7's retired copy
+    proc = _cli(config_file, "3", "db2", stop_at="copy")
+    try:
+        _wait_stopped(proc)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert state_of(config.dsn("db1"), 3)[0] == "moving"  # type: ignore[index]
+    runner = CliRunner()
+    res = runner.invoke(main, ["--config", str(config_file), "rebalance", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines() == [
+        "db1: 4 shards -> 3 (0-1,3)", "db2: 4 shards -> 3 (4-5,7)", "db3: 0 shards -> 2 (2,6)",
+        "move shard 2: db1 -> db3", "move shard 6: db2 -> db3",
+        "shard 3 is in the middle of a move: left on db1 (finish it with 'pgidgen move-shard 3 --resume' or '--rollback')",
+    ]
+    res = runner.invoke(main, ["--config", str(config_file), "rebalance"])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[-4:-1] == ["db1: 4 shards -> 3 (0-1,3)", "db2: 4 shards -> 3 (4-5,7)", "db3: 0 shards -> 2 (2,6)"]
+    assert len(rows_of(config.dsn("db3"), "shard_2")) == 20 and len(rows_of(config.dsn("db3"), "shard_6")) == 20
+    rollback_move(config, 3)
+    m = read_map(config)
+    assert m.ok and {n: len(s) for n, s in m.databases.items()} == {"db1": 3, "db2": 3, "db3": 2}
+    assert leftovers(config.databases) == []
 
 
 def test_target_server_restarted_mid_move_then_resume(config: Config, pg_servers: list[Any]) -> None:

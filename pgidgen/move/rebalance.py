@@ -2,8 +2,10 @@
 
 Every move is an ordinary move-shard (same checks, journal, cutover, verification); rebalance only chooses them:
 the fewest moves that leave every database within one shard of the others, taking from each crowded database
-its highest-numbered shards (so what stays keeps its contiguous ranges). A failed move does not stop the others;
-it stays resumable on its own (`pgidgen move-shard N --resume` / `--rollback`).
+its highest-numbered shards (so what stays keeps its contiguous ranges). Shards in the middle of a move stay where
+they are, and a shard never goes back to a database that still holds its retired copy: another one goes instead.
+A failed move does not stop the others; it stays resumable on its own (`pgidgen move-shard N --resume` /
+`--rollback`).
 """
 from __future__ import annotations
 
@@ -37,18 +39,39 @@ class RebalancePlan:
     before: dict[str, list[int]]
     after: dict[str, list[int]]
     moves: list[PlannedMove] = field(default_factory=list)
+    #: shards in the middle of a move, where they serve from: left where they are
+    midmove: dict[int, str] = field(default_factory=dict)
+    #: shards that would have evened the spread but whose retired copy is still on the database short of shards
+    blocked: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def even(self) -> bool:
+        counts = [len(v) for v in self.after.values()]
+        return max(counts) - min(counts) <= 1
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "before": {n: len(s) for n, s in self.before.items()},
             "after": {n: len(s) for n, s in self.after.items()},
             "moves": [m.as_dict() for m in self.moves],
+            "left_mid_move": [{"shard": s, "database": n} for s, n in sorted(self.midmove.items())],
+            "blocked_by_retired_copy": [{"shard": s, "database": n} for s, n in sorted(self.blocked.items())],
+            "even": self.even,
         }
 
     def lines(self) -> list[str]:
         out = [f"{n}: {len(self.before[n])} shards -> {len(self.after[n])} ({collapse(self.after[n]) or '-'})" for n in self.before]
         out += [f"move shard {m.shard}: {m.source} -> {m.target}" for m in self.moves]
-        if not self.moves:
+        out += [f"shard {s} is in the middle of a move: left on {n} (finish it with 'pgidgen move-shard {s} --resume' or '--rollback')"
+                for s, n in sorted(self.midmove.items())]
+        if not self.even:
+            by_db: dict[str, list[int]] = {}
+            for s, n in sorted(self.blocked.items()):
+                by_db.setdefault(n, []).append(s)
+            why = "; ".join(f"{n} still holds the retired copies of shards {collapse(v)}" if len(v) > 1 else f"{n} still holds the retired copy of shard {v[0]}"
+                            for n, v in by_db.items())
+            out.append("not spread evenly: " + (why + " ('pgidgen move-shard --cleanup N' drops it)" if why else "shards in the middle of a move stay where they are"))
+        elif not self.moves:
             out.append("nothing to do: the shards are spread evenly")
         return out
 
@@ -67,42 +90,69 @@ class RebalanceResult:
         return {"plan": self.plan.as_dict(), "moves": [r.as_dict() for r in self.reports],
                 "failed": [{**m.as_dict(), "error": e} for m, e in self.failures], "ok": self.ok}
 
+    def lines(self) -> list[str]:
+        """Shards per database as the moves left them (a failed move's shard stays on its source)."""
+        failed = {m.shard for m, _ in self.failures}
+        now = {n: list(v) for n, v in self.plan.before.items()}
+        for m in self.plan.moves:
+            if m.shard not in failed:
+                now[m.source].remove(m.shard)
+                now[m.target].append(m.shard)
+        return [f"{n}: {len(self.plan.before[n])} shards -> {len(v)} ({collapse(sorted(v)) or '-'})" for n, v in now.items()]
+
 
 def plan_rebalance(config: Config, databases: Sequence[str] | None = None) -> RebalancePlan:
     names = config.select(list(databases) if databases else None)
     states, _ = read_states(config, need=tuple(names))
-    for name in names:
-        moving = sorted(s for s, st in states[name].shards.items() if st in ("moving", "incoming"))
-        if moving:
-            raise MoveError(f"database {name} has shards in the middle of a move ({collapse(moving)})",
-                            hint="finish or roll those moves back first ('pgidgen move-shard N --resume' or '--rollback')")
-    held = {n: sorted(states[n].active) for n in names}
-    total = sum(len(v) for v in held.values())
-    if total == 0:
+    # a shard mid-move counts where it serves: its source until the flip ('moving'), then its target ('incoming')
+    midmove = {s: n for n in names for s, st in states[n].shards.items() if st == "moving"}
+    midmove.update({s: n for n in names for s, st in states[n].shards.items()
+                    if st == "incoming" and not any(states[m].shards.get(s) == "moving" for m in states)})
+    held = {n: sorted(states[n].active | {s for s, m in midmove.items() if m == n}) for n in names}
+    if sum(len(v) for v in held.values()) == 0:
         raise ConfigError("the named databases hold no shards", hint="run 'pgidgen init' first")
-    # the fullest databases keep the larger quotas, so as few shards as possible move
+    retired = {n: {s for s, st in states[n].shards.items() if st == "retired"} for n in names}
+    return spread(names, held, fixed=set(midmove), retired=retired, midmove=midmove)
+
+
+def spread(
+    names: Sequence[str], held: dict[str, list[int]], *, fixed: set[int], retired: dict[str, set[int]], midmove: dict[int, str] | None = None,
+) -> RebalancePlan:
+    """The moves: each database gets a quota (total // databases, one more for the fullest as many as the
+    remainder: the fewest moves); a database short of its quota takes, from the database furthest above its own,
+    that one's highest-numbered shard that may move there (not fixed, no retired copy of it there)."""
+    names = list(names)
+    total = sum(len(v) for v in held.values())
     order = sorted(names, key=lambda n: (-len(held[n]), names.index(n)))
     quota = {n: total // len(names) + (1 if i < total % len(names) else 0) for i, n in enumerate(order)}
-    after = {n: list(v) for n, v in held.items()}
-    give: list[tuple[int, str]] = []
-    for n in order:
-        extra = len(after[n]) - quota[n]
-        if extra > 0:
-            give += [(s, n) for s in after[n][-extra:]]
-            after[n] = after[n][:-extra]
+    after = {n: sorted(v) for n, v in held.items()}
     moves: list[PlannedMove] = []
-    for n in sorted(names, key=lambda n: len(after[n])):
-        while len(after[n]) < quota[n] and give:
-            # a shard whose retired copy is still on n cannot go there until --cleanup: take another
-            pick = next((i for i, (s, _) in enumerate(give) if states[n].shards.get(s) != "retired"), None)
-            if pick is None:
+    blocked: dict[int, str] = {}
+    while True:
+        short = [n for n in names if len(after[n]) < quota[n]]
+        over = sorted((n for n in names if len(after[n]) > quota[n]), key=lambda n: (quota[n] - len(after[n]), names.index(n)))
+        if not short or not over:
+            break
+        taken = None
+        for n in sorted(short, key=lambda n: (len(after[n]) - quota[n], names.index(n))):
+            for d in over:
+                shard = next((s for s in reversed(after[d]) if s not in fixed and s not in retired.get(n, set())), None)
+                if shard is not None:
+                    taken = (shard, d, n)
+                    break
+            if taken:
                 break
-            shard, src = give.pop(pick)
-            moves.append(PlannedMove(shard, src, n))
-            after[n].append(shard)
-    for src_shard, src in give:  # could not be placed: it stays
-        after[src].append(src_shard)
-    return RebalancePlan(before=held, after={n: sorted(v) for n, v in after.items()}, moves=sorted(moves, key=lambda m: m.shard))
+        if taken is None:  # every candidate is fixed or has its retired copy on the short database
+            for n in short:
+                for d in over:
+                    blocked.update({s: n for s in after[d] if s in retired.get(n, set())})
+            break
+        shard, d, n = taken
+        after[d].remove(shard)
+        after[n].append(shard)
+        moves.append(PlannedMove(shard, d, n))
+    return RebalancePlan(before={n: sorted(v) for n, v in held.items()}, after={n: sorted(v) for n, v in after.items()},
+                         moves=sorted(moves, key=lambda m: m.shard), midmove=dict(midmove or {}), blocked=blocked)
 
 
 def rebalance(
