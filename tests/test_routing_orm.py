@@ -98,6 +98,15 @@ def test_django_snippets(tables: Config) -> None:
             run(block, ns)
         shard = USER % SHARDS
         assert rows_on(tables, "db2", f"shard_{shard}")[0][1] == "sunset"
+        # a block for another shard of the same database, nested: each write lands in its own block's shard
+        other = next(s for s in range(SHARDS) if s != shard and ns["router"].database_for(s) == "db2")
+        with ns["shard_atomic"](shard) as db:
+            with ns["shard_atomic"](other) as inner_db:
+                inner = ns["Photo"].objects.using(inner_db).create(user_id=other, caption="inner")
+            outer = ns["Photo"].objects.using(db).create(user_id=USER, caption="outer")
+        assert (ns["router"].shard_of(inner.id), ns["router"].shard_of(outer.id)) == (other, shard)
+        assert rows_on(tables, "db2", f"shard_{shard}")[-1] == (outer.id, "outer")
+        assert rows_on(tables, "db2", f"shard_{other}") == [(inner.id, "inner")]
         ns["router"].close()
         ns["router"] = Router(tables, listen=False)
         ns["router"].route(shard)
@@ -105,7 +114,7 @@ def test_django_snippets(tables: Config) -> None:
         moved_id = ns["add_photo"](USER, "after the move")
         assert ns["router"].database_for(shard) == "db1"
         assert rows_on(tables, "db1", f"shard_{shard}")[-1] == (moved_id, "after the move")
-        assert len(rows_on(tables, "db2", retired)) == 1
+        assert len(rows_on(tables, "db2", retired)) == 2  # "sunset" and "outer"
         assert ns["get_photo"](moved_id).caption == "after the move"
     finally:
         if "router" in ns:
