@@ -12,6 +12,7 @@ import psycopg
 from . import __version__
 from .config import Config, load_config
 from .db import pg_message
+from .redact import scrub
 from .errors import ConfigError, PgidgenError
 from .layout import INSTAGRAM_EPOCH_MS, Layout, parse_epoch, parse_id
 
@@ -27,7 +28,7 @@ class Group(click.Group):
         except PgidgenError as e:
             if (ctx.obj or {}).get("traceback"):
                 raise
-            raise click.ClickException(e.render()) from None
+            raise click.ClickException(scrub(e.render())) from None
         except psycopg.Error as e:  # a database error no command translated: still one line, no password
             if (ctx.obj or {}).get("traceback"):
                 raise

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import psycopg.conninfo
 
+from . import redact
 from .errors import ConfigError
 from .layout import DEFAULT_EPOCH_MS, DEFAULT_SEQUENCE_BITS, DEFAULT_SHARD_BITS, Layout, parse_epoch
 
@@ -29,6 +30,10 @@ class Config:
     layout: Layout
     databases: dict[str, str] = field(default_factory=dict)
     path: Path | None = None
+
+    def __post_init__(self) -> None:
+        for dsn in self.databases.values():
+            redact.register(dsn)
 
     def dsn(self, name: str) -> str:
         try:
@@ -89,6 +94,8 @@ def load_config(explicit: str | os.PathLike[str] | None = None, *, required: boo
         raise ConfigError(f"config file {path} does not exist", hint=f"pass an existing file to --config or {ENV_VAR}") from None
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text", hint="save it as UTF-8 (TOML files are)") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -101,6 +108,9 @@ def config_from_dict(data: Mapping[str, Any], *, path: Path | None = None) -> Co
     unknown = set(data) - {"layout", "databases"}
     if unknown:
         raise ConfigError(f"unknown section(s) {', '.join(sorted(unknown))}", where=where, hint="use [layout] and [databases]")
+    for section in ("layout", "databases"):
+        if not isinstance(data.get(section, {}), dict):
+            raise ConfigError(f"{section} must be a [{section}] table, not a value", where=where, hint=f"write [{section}] on a line of its own, its keys below it")
     layout_data = dict(data.get("layout", {}))
     known = {"epoch", "shard_bits", "sequence_bits", "time_bits"}
     extra = set(layout_data) - known
@@ -139,22 +149,29 @@ def interpolate(value: str, *, name: str, where: str | None) -> str:
             raise ConfigError(f"database {name} uses ${{{var}}}, which is not set", where=where, hint=f"export {var}")
         return os.environ[var]
 
-    return _INTERP_RE.sub(sub, value)
+    value = _INTERP_RE.sub(sub, value)
+    redact.register(value)
+    return value
 
 
 def password_in(dsn: str) -> bool:
-    if _INTERP_RE.search(dsn):
-        dsn = _INTERP_RE.sub("x", dsn)
-    try:
-        return bool(psycopg.conninfo.conninfo_to_dict(dsn).get("password"))
-    except psycopg.ProgrammingError:
+    """Does the connection string, as written in the file, hold a literal password? A password that is wholly a
+    ${VAR} reference is not one (it comes from the environment). A URI's user info is read up to its last '@', as
+    written, since a password holding '/' or '@' is misread by libpq as a host or a database."""
+    def literal(value: str | None) -> bool:
+        return bool(value) and not _INTERP_RE.fullmatch(value.strip().strip("'"))  # type: ignore[union-attr]
+
+    if redact.uri_password(dsn) is not None:
+        return literal(redact.uri_password(dsn))
+    if _INTERP_RE.fullmatch(dsn.strip()):
         return False
+    return any(literal(pw) for pw in redact.passwords_in(dsn))
 
 
 def describe_dsn(dsn: str) -> str:
     """host:port/dbname of a connection string, with no user secrets, for messages."""
     try:
-        params = psycopg.conninfo.conninfo_to_dict(dsn)
+        params = psycopg.conninfo.conninfo_to_dict(redact.strip_userinfo(dsn))
     except psycopg.ProgrammingError:
         return "an unparsable connection string"
     host = str(params.get("host") or "localhost")

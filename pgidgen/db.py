@@ -5,7 +5,6 @@ Errors name the database by its config name and host:port/dbname, never the pass
 from __future__ import annotations
 
 import os
-import re
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -15,23 +14,15 @@ import psycopg
 
 from .config import describe_dsn
 from .errors import DatabaseError, PgidgenError
+from .redact import scrub
 
 T = TypeVar("T")
 CONNECT_TIMEOUT = 10
-#: password=... in a conninfo (a quoted value may hold spaces and escaped quotes) and user:password@ in a URI.
-_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)|(://[^:/@\s]*:)([^@\s]*)(@)", re.I)
-
-
-def scrub(text: str) -> str:
-    """Remove anything that looks like a password from a message."""
-    return _PASSWORD_RE.sub(lambda m: (m.group(1) + "***") if m.group(1) else (m.group(3) + "***" + m.group(5)), text)
-
-
 def pg_message(e: BaseException) -> str:
     """The server's primary message (and SQLSTATE) of a psycopg error, on one line."""
     diag = getattr(e, "diag", None)
     primary = getattr(diag, "message_primary", None) if diag is not None else None
-    text = primary or " ".join(str(e).split()) or type(e).__name__
+    text = " ".join((primary or str(e)).split()) or type(e).__name__
     state = getattr(e, "sqlstate", None)
     if state:
         text = f"{text} [SQLSTATE {state}]"
@@ -46,8 +37,10 @@ def connect(name: str, dsn: str, *, autocommit: bool = False, **kwargs: Any) -> 
             f"cannot connect to database {name} ({describe_dsn(dsn)}): {pg_message(e)}",
             hint="check that the server is running and the connection string in the config is right",
         ) from None
-    except psycopg.ProgrammingError as e:
-        raise DatabaseError(f"database {name} has an invalid connection string: {pg_message(e)}", hint="fix it in the config") from None
+    except psycopg.ProgrammingError:
+        # libpq's message quotes the part it could not use, which may be a password: not shown
+        raise DatabaseError(f"database {name} has a connection string libpq cannot parse (not shown: it may hold a password)",
+                            hint="fix it where it comes from (the config, or the environment variable it names)") from None
 
 
 def translate(name: str, e: psycopg.Error, *, doing: str) -> DatabaseError:

@@ -62,3 +62,61 @@ def test_client_programs_get_the_password_by_environment() -> None:
     assert scrub("connection postgresql://app:s3cret@h/app failed, password=hunter2") == "connection postgresql://app:***@h/app failed, password=***"
     assert scrub("host=h password='my secret \\' phrase' dbname=app") == "host=h password=*** dbname=app"
     assert scrub("host=h password = 'two words'") == "host=h password = ***"
+
+
+@pytest.mark.parametrize("dsn", [
+    "postgresql://app:Zx9/Kq+Pw7SECRET@127.0.0.1:1/app",  # '/' in the password: libpq reads "app" as the host
+    "postgresql://app:top@secret@127.0.0.1:1/app",
+    "postgresql://app:top secret@127.0.0.1:1/app",
+    "postgresql://app:abSE%ZZCRET@127.0.0.1:1/app",
+    "host=127.0.0.1 password=hunter2",
+    "postgresql://app@127.0.0.1/app?password=hunter2",
+])
+def test_any_literal_password_in_the_file_is_refused(tmp_path: Path, dsn: str) -> None:
+    path = tmp_path / "pgidgen.toml"
+    path.write_text(f'[databases]\ndb1 = "{dsn}"\n')
+    with pytest.raises(ConfigError, match="the connection string of db1 contains a password"):
+        load_config(path)
+
+
+def test_a_password_from_the_environment_inside_a_connection_string(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PW", "s3cr/et")
+    cfg = config_from_dict({"databases": {"db1": "postgresql://app:${PW}@db1.example:5433/app", "db2": "host=db2.example password=${PW}"}})
+    assert cfg.databases["db1"] == "postgresql://app:s3cr/et@db1.example:5433/app"
+    assert describe_dsn(cfg.databases["db1"]) == "db1.example:5433/app"
+
+
+@pytest.mark.parametrize("dsn", [
+    "postgresql://app:Zx9/Kq+Pw7SECRET@127.0.0.1:1/app",
+    "postgresql://app:top@SECRETpart@127.0.0.1:1/app",
+    "postgresql://app:top SECRETpart@127.0.0.1:1/app",
+    "postgresql://app:abSE%ZZSECRET@127.0.0.1:1/app",
+    "host=127.0.0.1 port=1 password=abc\\ SECRETpart",
+])
+def test_no_part_of_a_password_in_any_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dsn: str) -> None:
+    """libpq's messages quote what it could not use of a connection string (a host that was a password's tail,
+    an unparsable token): the CLI's messages never show a password or a part of one (found by a review)."""
+    from click.testing import CliRunner
+
+    from pgidgen.cli import main
+
+    path = tmp_path / "pgidgen.toml"
+    path.write_text('[databases]\ndb1 = "${DB1}"\n')
+    monkeypatch.setenv("DB1", dsn)
+    for args in (["map"], ["init", "--shards", "2"], ["map", "--json"]):
+        res = CliRunner().invoke(main, ["--config", str(path), *args])
+        assert res.exit_code == 1
+        assert "SECRET" not in res.output and "Traceback" not in res.output, res.output
+    assert describe_dsn(dsn).endswith(("127.0.0.1:1/app", "127.0.0.1:1/", "an unparsable connection string"))
+
+
+@pytest.mark.parametrize("text, message", [
+    (b"layout = 5\n", "layout must be a [layout] table, not a value"),
+    (b"databases = 5\n", "databases must be a [databases] table, not a value"),
+    (b"\xff\xfe", "is not UTF-8 text"),
+])
+def test_malformed_config_files(tmp_path: Path, text: bytes, message: str) -> None:
+    path = tmp_path / "pgidgen.toml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_config(path)

@@ -550,6 +550,24 @@ def test_rebalance_onto_a_new_database(config: Config, config_file: Path) -> Non
     assert res.output.splitlines()[-1] == "nothing to do: the shards are spread evenly"
 
 
+def test_a_failed_subscription_is_one_line_with_a_hint_that_works(config: Config, config_file: Path, pg_servers: list[Any]) -> None:
+    """The error names --resume (a plain retry is refused once the journal holds the move), is one line (libpq's
+    message has a newline), and neither it nor the target server's log shows the password of --subscription-dsn
+    (found by a review)."""
+    setup_shards(config, rows=10)
+    res = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "1", "db3",
+                                    "--subscription-dsn", "postgresql://postgres:SubSecret99@127.0.0.1:1/app"])
+    assert res.exit_code == 1
+    assert len(res.output.strip().splitlines()) == 1 and res.output.startswith("Error: database db3 could not subscribe to db1"), res.output
+    assert "'pgidgen move-shard 1 --resume'" in res.output and "SubSecret99" not in res.output
+    target = next(s for s in pg_servers if s.name == "db3")
+    if target.server is not None:
+        assert "SubSecret99" not in Path(target.server.logfile).read_text(errors="replace")
+    res = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "1", "--rollback"])
+    assert res.exit_code == 0, res.output
+    assert leftovers(config.databases) == []
+
+
 def test_rebalance_plan_says_when_retired_copies_keep_it_uneven() -> None:
     """When every shard that could even the spread has its retired copy on the database short of shards, the plan
     does what it can and says why it stays uneven, instead of "spread evenly"."""

@@ -20,6 +20,7 @@ from typing import Any, Callable, Generic, TypeVar
 import psycopg
 
 from ..config import Config
+from .. import redact
 from ..db import connect, execute_script, pg_message, scrub, tool_args
 from ..errors import ConflictError, DatabaseError, PgidgenError
 from ..ddl.ledger import DDL_LOCK, ledger_copy_sql
@@ -54,6 +55,9 @@ class MoveOptions:
     drop_source: bool = False
     catchup_timeout: float = 600.0
     subscription_conninfo: str | None = None
+
+    def __post_init__(self) -> None:
+        redact.register(self.subscription_conninfo)
 
 
 @dataclass
@@ -519,12 +523,22 @@ class Mover:
         if row is None:
             conninfo = self.opts.subscription_conninfo or self.config.dsn(self.ctx.source)
             try:
+                # a failed statement is logged with its text, which holds the connection string: not this one
+                # (a superuser setting; CREATE SUBSCRIPTION needs one on PostgreSQL 15 anyway)
+                try:
+                    self.tgt.execute("SET log_min_error_statement = panic")
+                except psycopg.errors.InsufficientPrivilege:
+                    pass
                 execute_script(self.tgt, q.subscription_sql(self.names, conninfo))
             except psycopg.Error as e:
                 raise MoveError(
                     f"database {self.ctx.target} could not subscribe to {self.ctx.source}: {pg_message(e)}",
-                    hint="the target server itself must reach the source with the connection string in the config (trust, ~/.pgpass of its OS user), or pass --subscription-dsn",
+                    hint=f"the target server itself must reach the source with the connection string in the config (trust, ~/.pgpass of its OS user);"
+                         f" then 'pgidgen move-shard {self.ctx.shard} --resume' (with --subscription-dsn DSN if it needs another one), or '--rollback'",
                 ) from None
+            finally:
+                if not self.tgt.closed and self.tgt.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                    self.tgt.execute("RESET log_min_error_statement")
             row = self.tgt.execute("SELECT oid FROM pg_subscription WHERE subname = %s", (self.names.subscription,)).fetchone()
         assert row is not None
         self.journal.note("subscription", subscription_oid=int(row[0]))
