@@ -33,8 +33,8 @@ class Group(click.Group):
             if (ctx.obj or {}).get("traceback"):
                 raise
             raise click.ClickException(f"database error: {pg_message(e)}: run again with --traceback to report it") from None
-        except KeyboardInterrupt:
-            raise click.ClickException("interrupted; each database's transaction was rolled back unless reported done") from None
+        except KeyboardInterrupt as e:
+            raise click.ClickException(str(e) or "interrupted; each database's transaction was rolled back unless reported done") from None
 
 
 @click.group(cls=Group, context_settings=CONTEXT)

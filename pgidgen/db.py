@@ -5,6 +5,7 @@ Errors name the database by its config name and host:port/dbname, never the pass
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -52,16 +53,39 @@ def translate(name: str, e: psycopg.Error, *, doing: str) -> DatabaseError:
     return DatabaseError(f"database {name} failed while {doing}: {pg_message(e)}", hint=hint)
 
 
+class _Interrupted(Exception):
+    pass
+
+
+#: Ctrl-C while each_database's threads run transaction()s: the main thread sets this and cancels their running
+#: statements, so each transaction that has not committed yet rolls back instead of committing afterwards.
+_interrupted = threading.Event()
+_live: dict[int, psycopg.Connection[Any]] = {}
+_committed: set[str] = set()
+_live_lock = threading.Lock()
+
+
 @contextmanager
 def transaction(name: str, dsn: str, *, doing: str) -> Iterator[psycopg.Connection[Any]]:
     """One transaction on one database; any error rolls it back and becomes a DatabaseError."""
     conn = connect(name, dsn)
+    with _live_lock:
+        _live[id(conn)] = conn
     try:
         with conn:
             yield conn
-    except psycopg.Error as e:
+            if _interrupted.is_set():
+                raise _Interrupted  # rolls back
+        with _live_lock:
+            _committed.add(name)
+    except (psycopg.Error, _Interrupted) as e:
+        if _interrupted.is_set():
+            raise DatabaseError(f"database {name}: interrupted, rolled back") from None
+        assert isinstance(e, psycopg.Error)
         raise translate(name, e, doing=doing) from None
     finally:
+        with _live_lock:
+            _live.pop(id(conn), None)
         conn.close()
 
 
@@ -95,9 +119,31 @@ def each_database(names: Sequence[str], work: Callable[[str], T], *, parallel: b
 
     if not parallel or len(names) < 2:
         return {name: guarded(name) for name in names}
-    with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
+    with _live_lock:
+        _committed.difference_update(names)
+    pool = ThreadPoolExecutor(max_workers=min(8, len(names)))
+    try:
         futures = {name: pool.submit(guarded, name) for name in names}
         return {name: f.result() for name, f in futures.items()}
+    except KeyboardInterrupt:
+        _interrupted.set()
+        with _live_lock:
+            running = list(_live.values())
+        for conn in running:
+            try:
+                conn.cancel()
+            except Exception:  # noqa: BLE001 - a connection that just closed: nothing to cancel
+                pass
+        pool.shutdown(wait=True, cancel_futures=True)
+        with _live_lock:
+            done = sorted(_committed & set(names))
+        raise KeyboardInterrupt(
+            "interrupted; " + (f"{', '.join(done)} had committed already, every other database's transaction was rolled back" if done
+                               else "every database's transaction was rolled back")
+        ) from None
+    finally:
+        pool.shutdown(wait=True)
+        _interrupted.clear()
 
 
 def tool_args(dsn: str) -> tuple[str, dict[str, str]]:

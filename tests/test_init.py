@@ -226,3 +226,37 @@ def test_a_server_that_evaluates_defaults_out_of_order_is_refused(config: Config
         "database db1 evaluates function arguments out of order, which next_id()'s fast path relies on: "
         "report the PostgreSQL version to pgidgen; nothing was installed"))]
     assert schemas_in(config.dsn("db1")) == set()
+
+
+def test_ctrl_c_rolls_back_what_has_not_committed(config: Config, config_file: Path) -> None:
+    """Ctrl-C while init runs on two databases in parallel: the running statements are cancelled and neither
+    transaction commits afterwards (before, the worker threads ran on and committed everything while the message
+    said it was rolled back; found by a review)."""
+    import os
+    import signal
+    import sys
+    import time
+
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "pgidgen"), "--config", str(config_file), "init", "--shards", "6000",
+                             "--databases", "db1,db2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        busy: set[str] = set()
+        while busy != {"db1", "db2"} and time.monotonic() < deadline and proc.poll() is None:
+            for name in ("db1", "db2"):
+                with psycopg.connect(config.dsn(name), autocommit=True) as c:
+                    if c.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgidgen' AND state = 'active'"
+                                 " AND datname = current_database()").fetchone()[0]:
+                        busy.add(name)
+            time.sleep(0.05)
+        assert busy == {"db1", "db2"}, "init was not seen running on both databases"
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 1, out + err
+    assert err.strip().splitlines() == ["Error: interrupted; every database's transaction was rolled back"], err
+    for name in ("db1", "db2"):
+        with psycopg.connect(config.dsn(name), autocommit=True) as c:
+            assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'shard\\_%' OR nspname = 'pgidgen'").fetchone()[0] == 0
