@@ -182,10 +182,14 @@ def decode_cmd(
     if instagram:
         layout = Layout(epoch_ms=INSTAGRAM_EPOCH_MS, time_bits=41, shard_bits=13, sequence_bits=10)
     if any(v is not None for v in (epoch, shard_bits, sequence_bits, time_bits)):
+        shard_bits = shard_bits if shard_bits is not None else layout.shard_bits
+        sequence_bits = sequence_bits if sequence_bits is not None else layout.sequence_bits
+        if time_bits is None and instagram and (shard_bits, sequence_bits) == (layout.shard_bits, layout.sequence_bits):
+            time_bits = layout.time_bits  # --instagram's 41, unless the other fields changed size
         layout = Layout.make(
             epoch_ms=parse_epoch(epoch) if epoch is not None else layout.epoch_ms,
-            shard_bits=shard_bits if shard_bits is not None else layout.shard_bits,
-            sequence_bits=sequence_bits if sequence_bits is not None else layout.sequence_bits,
+            shard_bits=shard_bits,
+            sequence_bits=sequence_bits,
             time_bits=time_bits,
             for_generation=False,
         )
@@ -342,9 +346,16 @@ def sandbox_up(count: int, directory: str, config_out: str, force: bool) -> None
     from .config import write_config
     from .sandbox import up
 
+    import os
+
     out = Path(config_out)
     if out.exists() and not force:
         raise ConfigError(f"{out} already exists", hint="pass --force to overwrite it, or --write-config OTHER.toml")
+    parent = out.resolve().parent
+    if out.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise ConfigError(f"cannot write the config file {out}", hint="pass --write-config with a writable path in an existing directory")
+    if Path(directory).exists() and not Path(directory).is_dir():
+        raise ConfigError(f"--dir {directory} is a file, not a directory", hint="pass --dir with another path")
     servers = up(Path(directory), count, config_path=out)
     write_config(out, Layout.make(), {s.name: s.dsn for s in servers})
     for s in servers:

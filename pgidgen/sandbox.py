@@ -237,8 +237,12 @@ def load(directory: Path) -> tuple[Path | None, list[Server]]:
     state = directory / STATE_FILE
     if not state.exists():
         return None, []
-    data = json.loads(state.read_text(encoding="utf-8"))
-    return Path(data["root"]), [Server(**s) for s in data["servers"]]
+    try:
+        data = json.loads(state.read_text(encoding="utf-8"))
+        return Path(data["root"]), [Server(**s) for s in data["servers"]]
+    except (ValueError, KeyError, TypeError):
+        raise SandboxError(f"{state} is not a sandbox state file pgidgen can read",
+                           hint="stop its servers by hand (pg_ctl stop -D DATADIR) and delete the directory") from None
 
 
 def down(directory: Path) -> list[Server]:

@@ -72,7 +72,8 @@ def test_decode_bad_stdin_line() -> None:
 
 def test_instagram_ids_decode_unsigned() -> None:
     value = ((1 << 40) + 99) << 23 | 5000 << 10 | 1
-    for args in (["--instagram"], ["--epoch", "1314220021721", "--time-bits", "41", "--shard-bits", "13", "--sequence-bits", "10"]):
+    for args in (["--instagram"], ["--epoch", "1314220021721", "--time-bits", "41", "--shard-bits", "13", "--sequence-bits", "10"],
+                 ["--instagram", "--epoch", "1314220021721"], ["--instagram", "--shard-bits", "13"]):  # options that restate it keep 41 time bits
         r = decode_cli("--json", *args, str(value))
         assert r.exit_code == 0, r.output
         row = json.loads(r.stdout)

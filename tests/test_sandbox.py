@@ -36,3 +36,19 @@ def test_sandbox_up_and_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert not (tmp_path / "pgidgen.toml").exists()
     r = runner.invoke(main, ["sandbox", "down"])
     assert r.stderr.startswith("Error: no sandbox is up in .pgidgen-sandbox")
+
+
+def test_sandbox_bad_paths_start_nothing(tmp_path: Path) -> None:
+    """An unwritable --write-config or a --dir that is a file is refused before any server starts; a state file
+    pgidgen cannot read is an error, not a traceback (found by a review)."""
+    runner = CliRunner()
+    r = runner.invoke(main, ["sandbox", "up", "--databases", "1", "--dir", str(tmp_path / "sb"), "--write-config", str(tmp_path / "nodir" / "x.toml")])
+    assert r.exit_code == 1 and r.output == f"Error: cannot write the config file {tmp_path / 'nodir' / 'x.toml'}: pass --write-config with a writable path in an existing directory\n"
+    assert not (tmp_path / "sb").exists()
+    (tmp_path / "afile").write_text("")
+    r = runner.invoke(main, ["sandbox", "up", "--databases", "1", "--dir", str(tmp_path / "afile"), "--write-config", str(tmp_path / "y.toml")])
+    assert r.exit_code == 1 and "is a file, not a directory" in r.output
+    (tmp_path / "sb4").mkdir()
+    (tmp_path / "sb4" / "sandbox.json").write_text("garbage")
+    r = runner.invoke(main, ["sandbox", "down", "--dir", str(tmp_path / "sb4")])
+    assert r.exit_code == 1 and "is not a sandbox state file pgidgen can read" in r.output and "Traceback" not in r.output
