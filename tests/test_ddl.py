@@ -298,3 +298,15 @@ def test_waits_for_the_ddl_lock_then_says_who_holds_it(
     assert tables(sharded, "db1", 0) == []
     for _ in range(3):  # back to back: each run releases the lock before the next takes it
         assert cli(config_file, "apply-ddl", str(schema_file)).exit_code == 0
+
+
+def test_apply_to_databases_never_initialised_is_refused(config_file: Path, schema_file: Path, config: Config) -> None:
+    """It said "nothing to do: every shard already has" the file, exit 0, with no catalog anywhere (found by a
+    review); nothing is written."""
+    r = cli(config_file, "apply-ddl", str(schema_file))
+    assert r.exit_code == 1
+    assert r.output.strip().splitlines()[-1] == (
+        f"Error: no pgidgen catalog in db1, db2, db3: there are no shards to apply {schema_file.name} to: run 'pgidgen init --shards N' first")
+    for name in ("db1", "db2", "db3"):
+        with psycopg.connect(config.dsn(name), autocommit=True) as c:
+            assert c.execute("SELECT to_regnamespace('pgidgen')").fetchone()[0] is None
