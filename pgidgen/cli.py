@@ -22,6 +22,28 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 class Group(click.Group):
     """Turns pgidgen's errors into click's one-line errors, in one place."""
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Usage errors (a bad option value, a missing argument) are one line and exit status 1 like every other
+        error, not click's usage text and status 2."""
+        if not kwargs.get("standalone_mode", True):
+            return super().main(*args, **kwargs)
+        try:
+            rv = super().main(*args, **{**kwargs, "standalone_mode": False})
+        except getattr(click.exceptions, "NoArgsIsHelpError", ()) as e:  # `pgidgen` or `pgidgen sandbox` alone: the help
+            click.echo(e.ctx.get_help() if e.ctx is not None else e.format_message())
+            sys.exit(0)
+        except click.UsageError as e:
+            where = e.ctx.command_path if e.ctx is not None else "pgidgen"
+            click.echo(f"Error: {scrub(e.format_message())} ({where}): see '{where} --help'", err=True)
+            sys.exit(1)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("Error: aborted", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)

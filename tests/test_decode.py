@@ -163,3 +163,14 @@ def test_time_range_uses_primary_key(config: Config) -> None:
         ).fetchone()[0]
         assert n == 20000
         assert conn.execute("SELECT count(*) FROM shard_2.events WHERE id < pgidgen.min_id(now() - interval '1 hour')").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["init", "--shards", "abc"], "Error: Invalid value for '--shards': 'abc' is not a valid integer. (pgidgen init): see 'pgidgen init --help'"),
+    (["move-shard", "-1", "db2"], "Error: No such option '-1'. (pgidgen move-shard): see 'pgidgen move-shard --help'"),
+    (["nosuch"], "Error: No such command 'nosuch'. (pgidgen): see 'pgidgen --help'"),
+])
+def test_usage_errors_are_one_line_and_exit_1(args: list[str], message: str) -> None:
+    """Like every other error (README: one line, exit status 1), not click's usage text and status 2."""
+    r = CliRunner().invoke(main, args, prog_name="pgidgen")
+    assert r.exit_code == 1 and r.output == message + "\n", r.output
