@@ -258,6 +258,9 @@ def _print_map(m: Any) -> None:
         click.echo(f"{name}: UNREACHABLE: {err}")
     for p in m.problems:
         click.echo(f"PROBLEM: {p}")
+    for shard, ends in sorted(m.moving.items()):
+        click.echo(f"MOVING: shard {shard} from {ends['from'] or '?'} to {ends['to'] or '?'} (a move running, or interrupted:"
+                   f" 'pgidgen move-shard {shard} --resume' or '--rollback'; its replication slot keeps WAL on the source meanwhile)")
     if m.ok:
         click.echo("ok: every shard is in exactly one database")
 

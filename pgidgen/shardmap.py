@@ -18,6 +18,8 @@ class ShardMap:
     retired: dict[str, list[int]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     unreachable: dict[str, str] = field(default_factory=dict)
+    #: shards in the middle of a move (running, or interrupted: its replication slot holds WAL on the source)
+    moving: dict[int, dict[str, str | None]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -33,6 +35,7 @@ class ShardMap:
             "retired": {name: collapse(s) for name, s in self.retired.items() if s},
             "unreachable": self.unreachable,
             "problems": self.problems,
+            "moving": [{"shard": sh, **ends} for sh, ends in sorted(self.moving.items())],
             "ok": self.ok,
         }
 
@@ -73,6 +76,10 @@ def build_map(states: dict[str, CatalogState], unreachable: dict[str, str] | Non
         stray = sorted(st.shard_schemas - set(st.shards))
         if stray:
             m.problems.append(f"{name}: schemas named like shards but not in pgidgen's catalog: {_names(stray)}")
+    for name, st in states.items():
+        for s, state in st.shards.items():
+            if state in ("moving", "incoming"):
+                m.moving.setdefault(s, {"from": None, "to": None})["from" if state == "moving" else "to"] = name
     for s, dbs in sorted(holders.items()):
         if len(dbs) > 1:
             m.problems.append(f"shard {s} is active in more than one database: {', '.join(dbs)}")

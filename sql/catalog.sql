@@ -50,12 +50,16 @@ CREATE OR REPLACE VIEW pgidgen.shard_map AS
 -- shows as the renamed schema. SECURITY DEFINER because FOR SHARE needs UPDATE on pgidgen.shards, which
 -- application roles must not have; EXECUTE only for granted roles.
 CREATE OR REPLACE FUNCTION pgidgen.claim_shard(shard integer, for_write boolean DEFAULT true) RETURNS name
-LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     st text;
     s name;
 BEGIN
-    IF for_write THEN
+    -- Not STRICT: a NULL shard (an unset bind parameter) must fail like an unknown one, not return NULL unchecked.
+    IF shard IS NULL THEN
+        RAISE EXCEPTION 'pgidgen: claim_shard() needs a shard number, not NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF for_write IS DISTINCT FROM false THEN  -- NULL claims for writing: the safe side
         SELECT shards.state, shards.schema_name INTO st, s FROM pgidgen.shards WHERE shards.shard = claim_shard.shard FOR SHARE;
     ELSE
         SELECT shards.state, shards.schema_name INTO st, s FROM pgidgen.shards WHERE shards.shard = claim_shard.shard;

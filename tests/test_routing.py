@@ -183,6 +183,13 @@ def test_claim_shard_refuses_a_shard_the_database_does_not_serve(sharded: Config
             conn.execute("SELECT pgidgen.claim_shard(6)")
         assert err.value.sqlstate == "PGR01"
         assert "shard 6 is not in this database" in str(err.value)
+        conn.rollback()
+        # NULLs (an unset bind parameter) fail instead of returning NULL unchecked and unlocked (found by a review)
+        with pytest.raises(psycopg.errors.NullValueNotAllowed):
+            conn.execute("SELECT pgidgen.claim_shard(NULL)")
+        conn.rollback()
+        assert conn.execute("SELECT pgidgen.claim_shard(1, NULL)").fetchone() == ("shard_1",)
+        assert conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND pid = pg_backend_pid()").fetchone()[0] == 1
 
 
 def test_read_only_transactions_do_not_lock_the_row_and_cannot_write(router: Router, sharded: Config) -> None:
