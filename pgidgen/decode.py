@@ -17,8 +17,8 @@ def decode_lines(layout: Layout, lines: Iterable[str], *, as_json: bool) -> Iter
     ts_shift, shard_shift = layout.time_shift, layout.shard_shift
     tmask, smask, qmask = layout.max_time, layout.max_shards - 1, layout.ids_per_ms - 1
     epoch = layout.epoch_ms
-    cache_sec = -1
-    cache_prefix = ""
+    days: dict[int, str] = {}  # day number -> "YYYY-MM-DDT": a layout's time field spans some 10^4 days
+    cache_sec, cache_prefix = None, ""  # the last second's "YYYY-MM-DDTHH:MM:SS": IDs often come in time order
     for lineno, raw in enumerate(lines, 1):
         text = raw.strip()
         if not text:
@@ -33,10 +33,18 @@ def decode_lines(layout: Layout, lines: Iterable[str], *, as_json: bool) -> Iter
             except InputError as e:
                 raise InputError(f"line {lineno}: {e.what}", hint=e.hint) from None
         ms = epoch + ((value >> ts_shift) & tmask)
-        sec = ms // 1000
+        sec, milli = divmod(ms, 1000)
         if sec != cache_sec:
-            cache_sec, cache_prefix = sec, iso_ms(sec * 1000)[:-5]
-        stamp = f"{cache_prefix}.{ms % 1000:03d}Z"
+            day, rem = divmod(sec, 86_400)
+            prefix = days.get(day)
+            if prefix is None:
+                prefix = days[day] = iso_ms(day * 86_400_000)[:11]
+            if prefix[-1] == "T":
+                h, rem = divmod(rem, 3_600)
+                cache_sec, cache_prefix = sec, f"{prefix}{h:02d}:{rem // 60:02d}:{rem % 60:02d}"
+            else:  # past the year 9999: no ISO form
+                cache_sec, cache_prefix = None, ""
+        stamp = f"{cache_prefix}.{milli:03d}Z" if cache_sec is not None else iso_ms(ms)
         shard = (value >> shard_shift) & smask
         seq = value & qmask
         if as_json:
