@@ -7,6 +7,7 @@ replayed in the same transaction (pgidgen/ddl/ledger.py), so they hold exactly w
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -16,7 +17,7 @@ from .ddl.ledger import read_history, replay_for_new_shards
 from .db import Outcome, each_database, execute_script, read_each, transaction
 from .errors import ConfigError, ConflictError, DatabaseError, PgidgenError
 from .idgen import DEFAULT_GENERATOR, INIT_LOCK, LOCK_CLASS, check_argument_order, render_catalog, render_order_probe, render_catalog_grants, render_shard, render_shard_grants, schema_name
-from .layout import Layout
+from .layout import Layout, iso_ms
 from .ranges import collapse
 
 BATCH = 100
@@ -56,9 +57,18 @@ def check_roles(roles: Sequence[str]) -> tuple[str, ...]:
     return cleaned
 
 
+def check_epoch_past(layout: Layout) -> None:
+    """Generators of a layout whose epoch is still to come would stamp every ID with the epoch itself (a time
+    field cannot go below 0), years before some of them were made."""
+    if layout.epoch_ms > time.time() * 1000:
+        raise ConfigError(f"the layout's epoch {iso_ms(layout.epoch_ms)} is in the future: every ID made before it would carry the epoch as its time",
+                          hint="set [layout] epoch to a moment in the past (the default is 2026-01-01T00:00:00Z)")
+
+
 def offline_plan(config: Config, shard_count: int, databases: Sequence[str], *, grant_roles: Sequence[str] = ()) -> InitPlan:
     """The plan for empty databases, without connecting (for --sql)."""
     config.layout.check_shard_count(shard_count)
+    check_epoch_past(config.layout)
     return InitPlan(
         layout=config.layout,
         shard_count=shard_count,
@@ -124,6 +134,7 @@ def plan_init(
 ) -> tuple[InitPlan, dict[str, CatalogState]]:
     """Read every configured database and plan only what is missing: shards that exist anywhere stay put."""
     config.layout.check_shard_count(shard_count)
+    check_epoch_past(config.layout)
     roles = check_roles(grant_roles)
     states = read_all(config, list(config.databases))
     check_layouts(config, states, shard_count)

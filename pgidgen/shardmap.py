@@ -44,7 +44,21 @@ def read_map(config: Config) -> ShardMap:
     names = config.select(None)
 
     states, unreachable = read_each(config, names, read_state, need=())
-    return build_map(states, unreachable)
+    m = build_map(states, unreachable)
+    installed = {st.layout for st in states.values() if st.layout is not None}
+    if len(installed) == 1 and config.layout not in installed:
+        (theirs,) = installed
+        m.problems.append(
+            f"the config's layout ({_describe(config.layout)}) is not the one installed ({_describe(theirs)}): decode and locate"
+            f" would read IDs wrongly; set [layout] in {config.path or 'the config'} to the installed one"
+        )
+    return m
+
+
+def _describe(layout: Any) -> str:
+    from .layout import iso_ms
+
+    return f"epoch {iso_ms(layout.epoch_ms)}, {layout.time_bits}/{layout.shard_bits}/{layout.sequence_bits} bits"
 
 
 def build_map(states: dict[str, CatalogState], unreachable: dict[str, str] | None = None) -> ShardMap:

@@ -260,3 +260,19 @@ def test_ctrl_c_rolls_back_what_has_not_committed(config: Config, config_file: P
     for name in ("db1", "db2"):
         with psycopg.connect(config.dsn(name), autocommit=True) as c:
             assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'shard\\_%' OR nspname = 'pgidgen'").fetchone()[0] == 0
+
+
+def test_an_epoch_in_the_future_is_refused(config: Config, tmp_path: Path) -> None:
+    """Every ID made before it would decode to the epoch itself (found by a review); nothing is written."""
+    from dataclasses import replace
+
+    import time
+
+    future = replace(config.layout, epoch_ms=int(time.time() * 1000) + 365 * 86_400_000)
+    path = tmp_path / "future.toml"
+    write_config(path, future, config.databases)
+    for args in (["init", "--shards", "4"], ["init", "--shards", "4", "--sql"]):
+        r = run_cli(path, *args)
+        assert r.exit_code == 1 and "is in the future: every ID made before it would carry the epoch as its time" in r.output, r.output
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        assert c.execute("SELECT to_regnamespace('pgidgen')").fetchone()[0] is None

@@ -69,3 +69,18 @@ def test_map_reports_unreachable(tmp_path: Path, fresh_dsns: dict[str, str]) -> 
     r = CliRunner().invoke(main, ["--config", str(path), "map"])
     assert r.exit_code == 1
     assert "gone: UNREACHABLE: cannot connect to database gone (127.0.0.1:1/x)" in r.stdout
+
+
+def test_map_flags_a_config_layout_other_than_the_installed_one(config: Config, tmp_path: Path) -> None:
+    """decode and locate use the config's layout: one that is not the installed one reads every ID wrongly, and
+    map said ok (found by a review)."""
+    from dataclasses import replace
+
+    from pgidgen.config import write_config
+
+    init(config, 4, ["db1"])
+    other = tmp_path / "other.toml"
+    write_config(other, replace(config.layout, epoch_ms=config.layout.epoch_ms - 365 * 86_400_000), config.databases)
+    r = CliRunner().invoke(main, ["--config", str(other), "map"])
+    assert r.exit_code == 1
+    assert "PROBLEM: the config's layout (epoch " in r.output and "is not the one installed" in r.output, r.output
