@@ -26,6 +26,9 @@ class CatalogState:
     complete: set[int] = field(default_factory=set)  # shard schemas with both sequences and next_id()
     cached: set[int] = field(default_factory=set)  # generator sequences with CACHE > 1: IDs could repeat
     server_version: int = 0
+    #: which physical database this is (the server's start time and the database's OID): two config names for
+    #: one database (127.0.0.1 and localhost, say) are found out by it
+    identity: str = ""
 
     @property
     def active(self) -> set[int]:
@@ -38,9 +41,13 @@ def read_state(conn: psycopg.Connection[Any], *, schemas: bool = True) -> Catalo
     st = CatalogState(server_version=conn.info.server_version)
     row = conn.execute(
         "SELECT n.oid, (SELECT c.oid FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'layout' AND c.relkind = 'r'),"
-        " obj_description(n.oid, 'pg_namespace') FROM pg_namespace n WHERE n.nspname = 'pgidgen'"
+        " obj_description(n.oid, 'pg_namespace'), i.identity"
+        " FROM (SELECT pg_postmaster_start_time()::text || '/' || d.oid AS identity FROM pg_database d WHERE d.datname = current_database()) i"
+        " LEFT JOIN pg_namespace n ON n.nspname = 'pgidgen'"
     ).fetchone()
-    if row is not None:
+    assert row is not None
+    st.identity = str(row[3])
+    if row[0] is not None:
         if row[1] is None or row[2] != "pgidgen catalog":
             st.foreign_catalog = True
         else:

@@ -137,6 +137,12 @@ def plan_init(
     check_epoch_past(config.layout)
     roles = check_roles(grant_roles)
     states = read_all(config, list(config.databases))
+    seen: dict[str, str] = {}
+    for name, st in states.items():
+        if st.identity and st.identity in seen:
+            raise ConfigError(f"{seen[st.identity]} and {name} in the config are the same database",
+                              where=str(config.path) if config.path else None, hint="remove one of them from the config")
+        seen.setdefault(st.identity, name)
     check_layouts(config, states, shard_count)
     present: dict[int, list[str]] = {}
     for name, st in states.items():

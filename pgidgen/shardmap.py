@@ -69,6 +69,11 @@ def build_map(states: dict[str, CatalogState], unreachable: dict[str, str] | Non
         m.problems.append(f"databases disagree on the shard count: {', '.join(str(c) for c in sorted(counts))}")
     if len(layouts) > 1:
         m.problems.append("databases disagree on the ID layout")
+    seen: dict[str, str] = {}
+    for name, st in states.items():
+        if st.identity and st.identity in seen:
+            m.problems.append(f"{seen[st.identity]} and {name} are the same database (two config names for one): remove one from the config")
+        seen.setdefault(st.identity, name)
     holders: dict[int, list[str]] = {}
     for name, st in states.items():
         if st.foreign_catalog:

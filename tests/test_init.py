@@ -276,3 +276,17 @@ def test_an_epoch_in_the_future_is_refused(config: Config, tmp_path: Path) -> No
         assert r.exit_code == 1 and "is in the future: every ID made before it would carry the epoch as its time" in r.output, r.output
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
         assert c.execute("SELECT to_regnamespace('pgidgen')").fetchone()[0] is None
+
+
+def test_one_database_under_two_config_names_is_refused(config: Config, tmp_path: Path) -> None:
+    """init half-wrote (the first name got its shards, the second failed) and map showed shards in both and in
+    none (found by a review)."""
+    path = tmp_path / "twice.toml"
+    write_config(path, config.layout, {"dbA": config.dsn("db1"), "dbB": config.dsn("db1").replace("127.0.0.1", "localhost")})
+    r = run_cli(path, "init", "--shards", "8")
+    assert r.exit_code == 1 and "dbA and dbB in the config are the same database" in r.output, r.output
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        assert c.execute("SELECT to_regnamespace('pgidgen')").fetchone()[0] is None
+    init(config, 4, ["db1"])
+    r = run_cli(path, "map")
+    assert r.exit_code == 1 and "PROBLEM: dbA and dbB are the same database" in r.output, r.output
