@@ -42,7 +42,8 @@ def read_state(conn: psycopg.Connection[Any], *, schemas: bool = True) -> Catalo
     row = conn.execute(
         "SELECT n.oid, (SELECT c.oid FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'layout' AND c.relkind = 'r'),"
         " obj_description(n.oid, 'pg_namespace'), i.identity"
-        " FROM (SELECT pg_postmaster_start_time()::text || '/' || d.oid AS identity FROM pg_database d WHERE d.datname = current_database()) i"
+        " FROM (SELECT extract(epoch FROM pg_postmaster_start_time())::text || '/' || d.oid AS identity"
+        " FROM pg_database d WHERE d.datname = current_database()) i"
         " LEFT JOIN pg_namespace n ON n.nspname = 'pgidgen'"
     ).fetchone()
     assert row is not None

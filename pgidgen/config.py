@@ -158,14 +158,15 @@ def password_in(dsn: str) -> bool:
     """Does the connection string, as written in the file, hold a literal password? A password that is wholly a
     ${VAR} reference is not one (it comes from the environment). A URI's user info is read up to its last '@', as
     written, since a password holding '/' or '@' is misread by libpq as a host or a database."""
-    def literal(value: str | None) -> bool:
-        return bool(value) and not _INTERP_RE.fullmatch(value.strip().strip("'"))  # type: ignore[union-attr]
-
-    if redact.uri_password(dsn) is not None:
-        return literal(redact.uri_password(dsn))
     if _INTERP_RE.fullmatch(dsn.strip()):
         return False
-    return any(literal(pw) for pw in redact.passwords_in(dsn))
+    refs = [m.group(0) for m in _INTERP_RE.finditer(dsn)]
+    marked = _INTERP_RE.sub(lambda m: f"PGIDGENREF{refs.index(m.group(0))}X", dsn)  # parses where ${...} may not
+
+    def literal(value: str) -> bool:
+        return not re.fullmatch(r"PGIDGENREF\d+X", value.strip().strip("'"))
+
+    return any(literal(pw) for pw in redact.passwords_in(marked))
 
 
 def describe_dsn(dsn: str) -> str:

@@ -38,9 +38,8 @@ def connect(name: str, dsn: str, *, autocommit: bool = False, **kwargs: Any) -> 
             f"cannot connect to database {name} ({describe_dsn(dsn)}): {pg_message(e)}",
             hint="check that the server is running and the connection string in the config is right",
         ) from None
-    except psycopg.ProgrammingError:
-        # libpq's message quotes the part it could not use, which may be a password: not shown
-        raise DatabaseError(f"database {name} has a connection string libpq cannot parse (not shown: it may hold a password)",
+    except psycopg.ProgrammingError as e:  # libpq quotes what it could not use: scrubbed of the registered passwords
+        raise DatabaseError(f"database {name} has an invalid connection string: {pg_message(e)}",
                             hint="fix it where it comes from (the config, or the environment variable it names)") from None
 
 

@@ -18,36 +18,38 @@ _lock = threading.Lock()
 _known: set[str] = set()
 #: password=... in a conninfo (a quoted value may hold spaces and escaped quotes; an unquoted one backslash
 #: escapes) and user:password@ in a URI.
-_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|(?:\\.|\S)+)|(://[^:/@\s]*:)([^@\s]*)(@)", re.I)
+_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|(?:\\.|\S)+)|(://[^:/@\s]*:)([^@\s?#]*)(@)", re.I)
 _URI_RE = re.compile(r"^\s*postgres(?:ql)?://", re.I)
 #: parts of a password shorter than this are not taken out of messages on their own (too many false matches)
-_MIN_PART = 4
+_MIN_PART = 5
 
 
-def uri_password(dsn: str) -> str | None:
-    """The password part of a postgresql:// URI's user info, as written: everything between the first ':' and the
-    last '@' of what follows '://' (a password may hold '/', '@' or spaces, which libpq then misreads)."""
+def _userinfo_end(dsn: str) -> tuple[int, int] | None:
+    """Where a postgresql:// URI's user info ends: (start of what follows '://', index of its '@'). The '@' is the
+    last one before the query or fragment (a password may hold '/', '@' or spaces, which libpq then misreads; a
+    query value may hold '@' too, as in user=admin@server)."""
     m = _URI_RE.match(dsn)
     if not m:
         return None
     rest = dsn[m.end():]
-    at = rest.rfind("@")
-    if at < 0:
+    cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    at = rest.rfind("@", 0, cut)
+    return None if at < 0 else (m.end(), m.end() + at)
+
+
+def uri_password(dsn: str) -> str | None:
+    """The password part of a postgresql:// URI's user info, as written (None when it has none)."""
+    where = _userinfo_end(dsn)
+    if where is None:
         return None
-    userinfo = rest[:at]
-    if ":" not in userinfo:
-        return None
-    return userinfo.split(":", 1)[1]
+    userinfo = dsn[where[0]:where[1]]
+    return userinfo.split(":", 1)[1] if ":" in userinfo else None
 
 
 def strip_userinfo(dsn: str) -> str:
     """The URI without its user info (user and password), for parsing host, port and database safely."""
-    m = _URI_RE.match(dsn)
-    if not m:
-        return dsn
-    rest = dsn[m.end():]
-    at = rest.rfind("@")
-    return dsn if at < 0 else dsn[: m.end()] + rest[at + 1:]
+    where = _userinfo_end(dsn)
+    return dsn if where is None else dsn[: where[0]] + dsn[where[1] + 1:]
 
 
 def passwords_in(dsn: str) -> list[str]:
@@ -75,8 +77,8 @@ def register(dsn: str | None) -> None:
         return
     secrets = set()
     for pw in passwords_in(dsn):
-        secrets.add(pw)
-        secrets.update(part for part in re.split(r"[\s@/:?#%\\']+", pw) if len(part) >= _MIN_PART)
+        # too short a password (or part) would be taken out of every word that holds it: those rely on the patterns
+        secrets.update(part for part in [pw, *re.split(r"[\s@/:?#%\\']+", pw)] if len(part) >= _MIN_PART)
     with _lock:
         _known.update(secrets)
 

@@ -71,6 +71,8 @@ def test_client_programs_get_the_password_by_environment() -> None:
     "postgresql://app:abSE%ZZCRET@127.0.0.1:1/app",
     "host=127.0.0.1 password=hunter2",
     "postgresql://app@127.0.0.1/app?password=hunter2",
+    "postgresql://app:${PW}@127.0.0.1/app?password=hunter2",  # the user info's ${PW} does not excuse the query's
+    "postgresql://app@127.0.0.1/app?pass%77ord=hunter2",
 ])
 def test_any_literal_password_in_the_file_is_refused(tmp_path: Path, dsn: str) -> None:
     path = tmp_path / "pgidgen.toml"
@@ -120,3 +122,20 @@ def test_malformed_config_files(tmp_path: Path, text: bytes, message: str) -> No
     path.write_bytes(text)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_config(path)
+
+
+@pytest.mark.parametrize("dsn, where", [
+    ("postgresql://h:5432/db?user=admin@myserver&sslmode=require", "h:5432/db"),  # an Azure-style user@server login
+    ("postgresql://[::1]/db?application_name=a@b", "::1:5432/db"),
+    ("postgresql:///app?host=/tmp&user=a@b", "/tmp:5432/app"),
+])
+def test_an_at_sign_in_the_query_is_not_a_password(dsn: str, where: str) -> None:
+    cfg = config_from_dict({"databases": {"db1": dsn}})
+    assert describe_dsn(cfg.databases["db1"]) == where
+
+
+def test_a_short_password_does_not_take_words_out_of_messages() -> None:
+    from pgidgen.redact import register, scrub
+
+    register("postgresql://app:e@127.0.0.1:1/app")
+    assert scrub("connection refused: is the server running?") == "connection refused: is the server running?"

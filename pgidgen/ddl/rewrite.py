@@ -225,11 +225,13 @@ def _check_bound_early(fn: str, arg: Any) -> None:
     """nextval('s') binds the sequence when the statement runs in each shard (a regclass constant: that shard's
     own s). Cast to text first, nextval('s'::text), it is looked up by name on every call, through the calling
     session's search_path, which does not lead into the shard: every shard would share public.s, or fail."""
-    if isinstance(arg, ast.TypeCast) and arg.typeName is not None and _names(arg.typeName.names)[-1:] != ["regclass"]:
-        raise Refused(
-            f"{fn}() takes its sequence's name as {'.'.join(_names(arg.typeName.names))}, looked up on every call through the caller's search_path, not in the shard",
-            f"write {fn}('name') with the name as a plain string (or ::regclass): each shard then uses its own sequence",
-        )
+    while isinstance(arg, ast.TypeCast) and arg.typeName is not None:  # 's'::text::regclass too (old SERIAL defaults)
+        if _names(arg.typeName.names)[-1:] != ["regclass"]:
+            raise Refused(
+                f"{fn}() takes its sequence's name as {'.'.join(_names(arg.typeName.names))}, looked up on every call through the caller's search_path, not in the shard",
+                f"write {fn}('name') with the name as a plain string (or ::regclass): each shard then uses its own sequence",
+            )
+        arg = arg.arg
 
 
 def _refuse_schema(schema: str, thing: str) -> Refused:

@@ -64,3 +64,6 @@ CREATE TABLE b (id bigint REFERENCES nosuch (id));
 -- error: statement 2 (CREATE TABLE) cannot be sharded: nextval() takes its sequence's name as text, looked up on every call through the caller's search_path, not in the shard ({file}:66:1): write nextval('name') with the name as a plain string (or ::regclass): each shard then uses its own sequence
 CREATE SEQUENCE s;
 CREATE TABLE counters (n bigint DEFAULT nextval('s'::text));
+
+-- error: statement 1 (CREATE TABLE) cannot be sharded: nextval() takes its sequence's name as text, looked up on every call through the caller's search_path, not in the shard ({file}:69:1): write nextval('name') with the name as a plain string (or ::regclass): each shard then uses its own sequence
+CREATE TABLE counters (n bigint DEFAULT nextval('s'::text::regclass));
