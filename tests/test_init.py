@@ -282,7 +282,7 @@ def test_one_database_under_two_config_names_is_refused(config: Config, tmp_path
     """init half-wrote (the first name got its shards, the second failed) and map showed shards in both and in
     none (found by a review)."""
     path = tmp_path / "twice.toml"
-    write_config(path, config.layout, {"dbA": config.dsn("db1"), "dbB": config.dsn("db1").replace("127.0.0.1", "localhost")})
+    write_config(path, config.layout, {"dbA": config.dsn("db1"), "dbB": config.dsn("db1").replace("127.0.0.1", "localhost") + " options='-c TimeZone=Asia/Tokyo'"})
     r = run_cli(path, "init", "--shards", "8")
     assert r.exit_code == 1 and "dbA and dbB in the config are the same database" in r.output, r.output
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
