@@ -135,12 +135,12 @@ class Layout:
         seq = value & (self.ids_per_ms - 1)
         return self.epoch_ms + t, shard, seq
 
-    def min_id(self, ms: int) -> int | None:
-        """The smallest ID of millisecond ms (Unix time): 0 before the epoch, None after the time field's last
-        millisecond (no ID is that late), as pgidgen.min_id() in SQL."""
+    def min_id(self, ms: int) -> int:
+        """The smallest ID of millisecond ms (Unix time): 0 before the epoch, 2^63-1 after the time field's last
+        millisecond (above every ID but the last one possible), as pgidgen.min_id() in SQL."""
         t = ms - self.epoch_ms
         if t > self.max_time:
-            return None
+            return (1 << 63) - 1
         return max(t, 0) << self.time_shift
 
     def max_id(self, ms: int) -> int:

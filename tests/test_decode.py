@@ -119,30 +119,35 @@ def test_python_sql_cli_agree(data: st.DataObject, fresh_dsns: dict[str, str]) -
 
 def test_time_range_bounds_outside_the_layout(config: Config) -> None:
     """min_id/max_id past either end of the time field bound what exists instead of clamping into the first or
-    last millisecond: a range wholly before the epoch or after the last millisecond matches no ID; infinity too.
-    The Python layout agrees."""
+    last millisecond: a range wholly before the epoch or after the last millisecond matches no ID (but the very
+    last one the layout can make, which no test can reach); infinity too; `<` still means "made before". The
+    Python layout agrees."""
     L = config.layout
     init(config, 1, ["db1"])
     first, last = L.encode(L.epoch_ms, 0, 0), L.encode(L.epoch_ms + L.max_time, L.max_shards - 1, L.ids_per_ms - 1)
     before, after = L.epoch_ms - 86_400_000, L.epoch_ms + L.max_time + 86_400_000
     with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
-        def bounds(ts: str) -> tuple[int | None, int | None]:
+        def bounds(ts: str) -> tuple[int, int]:
             return conn.execute(f"SELECT pgidgen.min_id({ts}), pgidgen.max_id({ts})").fetchone()  # type: ignore[return-value]
 
         def ms(unix_ms: int) -> str:
             return f"to_timestamp({unix_ms} / 1000.0)"
 
         assert bounds(ms(before)) == (0, -1) == (L.min_id(before), L.max_id(before))
-        assert bounds(ms(after)) == (None, 2**63 - 1) == (L.min_id(after), L.max_id(after))
+        assert bounds(ms(after)) == (2**63 - 1, 2**63 - 1) == (L.min_id(after), L.max_id(after))
         assert bounds("'-infinity'::timestamptz") == (0, -1)
-        assert bounds("'infinity'::timestamptz") == (None, 2**63 - 1)
+        assert bounds("'infinity'::timestamptz") == (2**63 - 1, 2**63 - 1)
         assert bounds(ms(L.epoch_ms)) == (first, L.max_id(L.epoch_ms)) == (L.min_id(L.epoch_ms), L.max_id(L.epoch_ms))
         assert bounds(ms(L.epoch_ms + L.max_time))[1] == last
         count = "SELECT count(*) FROM (VALUES (%s::bigint), (%s::bigint)) AS v (id) WHERE id BETWEEN pgidgen.min_id({}) AND pgidgen.max_id({})"
-        assert conn.execute(count.format(ms(before - 1000), ms(before)), (first, last)).fetchone()[0] == 0
-        assert conn.execute(count.format(ms(after), ms(after + 1000)), (first, last)).fetchone()[0] == 0
+        late = L.encode(L.epoch_ms + L.max_time, 0, 0)  # in the last millisecond, not the last ID itself
+        assert conn.execute(count.format(ms(before - 1000), ms(before)), (first, late)).fetchone()[0] == 0
+        assert conn.execute(count.format(ms(after), ms(after + 1000)), (first, late)).fetchone()[0] == 0
         assert conn.execute(count.format("'-infinity'", "'infinity'"), (first, last)).fetchone()[0] == 2
         assert conn.execute(count.format(ms(before), ms(after)), (first, last)).fetchone()[0] == 2
+        below = "SELECT count(*) FROM (VALUES (%s::bigint), (%s::bigint)) AS v (id) WHERE id < pgidgen.min_id({})"
+        assert conn.execute(below.format(ms(after)), (first, first + 1)).fetchone()[0] == 2
+        assert conn.execute(below.format("'infinity'"), (first, first + 1)).fetchone()[0] == 2
 
 
 def test_time_range_uses_primary_key(config: Config) -> None:
