@@ -577,6 +577,12 @@ def test_rebalance_plan_says_when_retired_copies_keep_it_uneven() -> None:
     assert plan.lines()[-1] == "not spread evenly: db3 still holds the retired copies of shards 0-2 ('pgidgen move-shard --cleanup N' drops it)"
     even = spread(["db1", "db2"], {"db1": list(range(8)), "db2": []}, fixed=set(), retired={})
     assert [m.shard for m in even.moves] == [4, 5, 6, 7] and even.even and even.lines()[-1] == "move shard 7: db1 -> db2"
+    # a database whose shards are all mid-move keeps them; the others still even out as far as they can (a review
+    # found 4/3/1 where 4/2/2 was possible), and so when the retired copies are on one of the short databases
+    pinned = spread(["a", "b", "c"], {"a": [1, 2, 3, 4], "b": [5, 6, 7, 8], "c": []}, fixed={1, 2, 3, 4}, retired={})
+    assert {n: len(v) for n, v in pinned.after.items()} == {"a": 4, "b": 2, "c": 2}
+    around = spread(["a", "b", "c"], {"a": [1, 2, 3, 4, 5, 6], "b": [], "c": []}, fixed=set(), retired={"b": {1, 2, 3, 4, 5, 6}})
+    assert {n: len(v) for n, v in around.after.items()} == {"a": 3, "b": 0, "c": 3}
 
 
 def test_rebalance_around_a_move_in_progress_and_a_retired_copy(config: Config, config_file: Path) -> None:

@@ -118,39 +118,37 @@ def plan_rebalance(config: Config, databases: Sequence[str] | None = None) -> Re
 def spread(
     names: Sequence[str], held: dict[str, list[int]], *, fixed: set[int], retired: dict[str, set[int]], midmove: dict[int, str] | None = None,
 ) -> RebalancePlan:
-    """The moves: each database gets a quota (total // databases, one more for the fullest as many as the
-    remainder: the fewest moves); a database short of its quota takes, from the database furthest above its own,
-    that one's highest-numbered shard that may move there (not fixed, no retired copy of it there)."""
+    """The moves, one at a time: from the fullest database that has a shard which may go to the emptiest one it
+    is at least two shards ahead of (not fixed, no retired copy of it there), its highest-numbered such shard.
+    Without constraints this is the fewest moves that leave every database within one shard of the others (the
+    fullest keep the extra ones); pinned shards (mid-move) and retired copies only make it pick other shards or
+    other pairs, so it gets as close to even as they allow."""
     names = list(names)
-    total = sum(len(v) for v in held.values())
-    order = sorted(names, key=lambda n: (-len(held[n]), names.index(n)))
-    quota = {n: total // len(names) + (1 if i < total % len(names) else 0) for i, n in enumerate(order)}
     after = {n: sorted(v) for n, v in held.items()}
     moves: list[PlannedMove] = []
-    blocked: dict[int, str] = {}
     while True:
-        short = [n for n in names if len(after[n]) < quota[n]]
-        over = sorted((n for n in names if len(after[n]) > quota[n]), key=lambda n: (quota[n] - len(after[n]), names.index(n)))
-        if not short or not over:
-            break
         taken = None
-        for n in sorted(short, key=lambda n: (len(after[n]) - quota[n], names.index(n))):
-            for d in over:
-                shard = next((s for s in reversed(after[d]) if s not in fixed and s not in retired.get(n, set())), None)
+        for d in sorted(names, key=lambda n: (-len(after[n]), names.index(n))):
+            for r in sorted(names, key=lambda n: (len(after[n]), names.index(n))):
+                if len(after[d]) - len(after[r]) < 2:
+                    break
+                shard = next((s for s in reversed(after[d]) if s not in fixed and s not in retired.get(r, set())), None)
                 if shard is not None:
-                    taken = (shard, d, n)
+                    taken = (shard, d, r)
                     break
             if taken:
                 break
-        if taken is None:  # every candidate is fixed or has its retired copy on the short database
-            for n in short:
-                for d in over:
-                    blocked.update({s: n for s in after[d] if s in retired.get(n, set())})
+        if taken is None:
             break
-        shard, d, n = taken
+        shard, d, r = taken
         after[d].remove(shard)
-        after[n].append(shard)
-        moves.append(PlannedMove(shard, d, n))
+        after[r].append(shard)
+        moves.append(PlannedMove(shard, d, r))
+    blocked: dict[int, str] = {}
+    lo = min(len(v) for v in after.values())
+    for r in (n for n in names if len(after[n]) == lo):
+        for d in (n for n in names if len(after[n]) - lo >= 2):
+            blocked.update({s: r for s in after[d] if s not in fixed and s in retired.get(r, set())})
     return RebalancePlan(before={n: sorted(v) for n, v in held.items()}, after={n: sorted(v) for n, v in after.items()},
                          moves=sorted(moves, key=lambda m: m.shard), midmove=dict(midmove or {}), blocked=blocked)
 
