@@ -64,6 +64,28 @@ _committed: set[str] = set()
 _live_lock = threading.Lock()
 
 
+def interrupted() -> bool:
+    """Ctrl-C arrived while each_database's threads run: commit nothing more."""
+    return _interrupted.is_set()
+
+
+def note_committed(name: str) -> None:
+    with _live_lock:
+        _committed.add(name)
+
+
+@contextmanager
+def tracked(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+    """A connection whose running statement a Ctrl-C in each_database cancels."""
+    with _live_lock:
+        _live[id(conn)] = conn
+    try:
+        yield conn
+    finally:
+        with _live_lock:
+            _live.pop(id(conn), None)
+
+
 @contextmanager
 def transaction(name: str, dsn: str, *, doing: str) -> Iterator[psycopg.Connection[Any]]:
     """One transaction on one database; any error rolls it back and becomes a DatabaseError."""
@@ -137,7 +159,7 @@ def each_database(names: Sequence[str], work: Callable[[str], T], *, parallel: b
         with _live_lock:
             done = sorted(_committed & set(names))
         raise KeyboardInterrupt(
-            "interrupted; " + (f"{', '.join(done)} had committed already, every other database's transaction was rolled back" if done
+            "interrupted; " + (f"{', '.join(done)} had committed (some of) its work already, the rest was rolled back" if done
                                else "every database's transaction was rolled back")
         ) from None
     finally:
