@@ -568,6 +568,30 @@ def test_a_failed_subscription_is_one_line_with_a_hint_that_works(config: Config
     assert leftovers(config.databases) == []
 
 
+def test_a_role_missing_on_the_target_is_refused_up_front(config: Config, config_file: Path) -> None:
+    """Roles belong to the server: a grant to a role the target's server lacks failed the restore at the copy step,
+    with a slot and publication in place, on every move of a rebalance onto a new server (found by a review). Now
+    refused before anything is created, dry run included."""
+    import uuid
+
+    role = f"app_{uuid.uuid4().hex[:8]}"
+    setup_shards(config, rows=10)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role}")
+        c.execute(f"GRANT USAGE ON SCHEMA shard_1 TO {role}")
+        c.execute(f"GRANT SELECT (v) ON shard_1.t TO {role}")
+    for args in (["move-shard", "1", "db3", "--dry-run"], ["move-shard", "1", "db3"]):
+        res = CliRunner().invoke(main, ["--config", str(config_file), *args])
+        assert res.exit_code == 1
+        assert res.output.strip() == (f"Error: role {role} of shard_1 (owner or grantee of its objects on db1) does not exist on db3:"
+                                      " create it on db3 (roles belong to the server, not the database), then move"), res.output
+    assert leftovers(config.databases) == [] and open_moves(config.dsn("db1")) == 0
+    with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role}")
+    report = move_shard(config, 1, "db3")
+    assert report.verification is not None and report.verification.ok
+
+
 def test_rebalance_plan_says_when_retired_copies_keep_it_uneven() -> None:
     """When every shard that could even the spread has its retired copy on the database short of shards, the plan
     does what it can and says why it stays uneven, instead of "spread evenly"."""

@@ -225,6 +225,42 @@ def check_servers(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.
         raise MoveError(f"the role pgidgen uses on {ctx.target} is not a superuser", hint="CREATE SUBSCRIPTION needs a superuser in PostgreSQL 15")
 
 
+#: Every role the shard's schema refers to: owners of the schema and its objects, grantees and grantors in their
+#: ACLs (columns' too), roles of row-level policies. pg_dump's output names them; a target without one of them
+#: fails the restore halfway ("role ... does not exist"), after the slot and publication exist.
+ROLES_OF_SCHEMA_SQL = """
+WITH n AS (SELECT oid, nspowner, nspacl FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s),
+objs (owner, acl) AS (
+    SELECT nspowner, nspacl FROM n
+    UNION ALL SELECT c.relowner, c.relacl FROM pg_catalog.pg_class c JOIN n ON c.relnamespace = n.oid
+    UNION ALL SELECT p.proowner, p.proacl FROM pg_catalog.pg_proc p JOIN n ON p.pronamespace = n.oid
+    UNION ALL SELECT t.typowner, t.typacl FROM pg_catalog.pg_type t JOIN n ON t.typnamespace = n.oid
+    UNION ALL SELECT NULL, a.attacl FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid JOIN n ON c.relnamespace = n.oid
+        WHERE a.attacl IS NOT NULL
+),
+roles (r) AS (
+    SELECT owner FROM objs WHERE owner IS NOT NULL
+    UNION SELECT (pg_catalog.aclexplode(acl)).grantee FROM objs WHERE acl IS NOT NULL
+    UNION SELECT (pg_catalog.aclexplode(acl)).grantor FROM objs WHERE acl IS NOT NULL
+    UNION SELECT pg_catalog.unnest(pol.polroles) FROM pg_catalog.pg_policy pol JOIN pg_catalog.pg_class c ON c.oid = pol.polrelid JOIN n ON c.relnamespace = n.oid
+)
+SELECT pg_catalog.array_agg(DISTINCT rolname ORDER BY rolname) FROM roles JOIN pg_catalog.pg_roles ON pg_roles.oid = roles.r
+"""
+
+
+def check_roles(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any]) -> None:
+    """The roles the shard's objects are owned by or granted to exist on the target (roles are per server)."""
+    needed = src.execute(ROLES_OF_SCHEMA_SQL, {"schema": ctx.schema}).fetchone()[0] or []  # type: ignore[index]
+    missing = tgt.execute("SELECT pg_catalog.array_agg(r ORDER BY r) FROM pg_catalog.unnest(%s::text[]) AS r"
+                          " WHERE r NOT IN (SELECT rolname FROM pg_catalog.pg_roles)", (list(needed),)).fetchone()[0]  # type: ignore[index]
+    if missing:
+        raise MoveError(
+            f"{'roles' if len(missing) > 1 else 'role'} {', '.join(missing)} of {ctx.schema} (owner or grantee of its objects on {ctx.source})"
+            f" {'do' if len(missing) > 1 else 'does'} not exist on {ctx.target}",
+            hint=f"create {'them' if len(missing) > 1 else 'it'} on {ctx.target} (roles belong to the server, not the database), then move",
+        )
+
+
 def check_no_other_move(conn: psycopg.Connection[Any], ctx_source: str, shard: int) -> None:
     rec = open_move(conn, shard)
     if rec is None:

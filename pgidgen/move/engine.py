@@ -31,6 +31,7 @@ from .context import (
     MoveError,
     ShardContext,
     check_no_other_move,
+    check_roles,
     check_servers,
     check_tables,
     locate,
@@ -151,6 +152,7 @@ def move_shard(
         ctx.tables, ctx.sequences = read_tables(admin, ctx.schema)
         check_tables(ctx, online=not opts.offline)
         tgt = opening.result()
+        check_roles(ctx, admin, tgt)
         if not opts.offline:
             check_servers(ctx, admin, tgt)
         token = f"{shard}_{secrets.token_hex(4)}"
