@@ -557,4 +557,6 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
     result = rebalance(config, names, parallel=parallel, options=opts, on_done=None if as_json else show)
     click.echo(json.dumps(result.as_dict(), indent=2) if as_json else "\n".join(result.lines() + result.plan.lines()[len(result.plan.before) + len(result.plan.moves):]))
     if not result.ok:
-        raise click.ClickException(f"{len(result.failures)} of {len(result.plan.moves)} moves failed; the others are done (see above)")
+        done = len(result.plan.moves) - len(result.failures)
+        raise click.ClickException(f"{len(result.failures)} of {len(result.plan.moves)} moves failed"
+                                   + (f"; the other {done} are done (see above)" if done else " (see above)"))

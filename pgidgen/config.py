@@ -182,6 +182,10 @@ def describe_dsn(dsn: str) -> str:
 
 
 def write_config(path: Path, layout: Layout, databases: Mapping[str, str]) -> None:
+    path.write_text(config_text(layout, databases), encoding="utf-8")
+
+
+def config_text(layout: Layout, databases: Mapping[str, str]) -> str:
     from .layout import iso_ms
 
     lines = [
@@ -194,4 +198,4 @@ def write_config(path: Path, layout: Layout, databases: Mapping[str, str]) -> No
         "[databases]",
     ]
     lines += [f'{name} = "{dsn}"' for name, dsn in databases.items()]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return "\n".join(lines) + "\n"

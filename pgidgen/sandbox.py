@@ -253,8 +253,11 @@ def down(directory: Path) -> list[Server]:
     config = json.loads((directory / STATE_FILE).read_text(encoding="utf-8")).get("config")
     if config and Path(config).exists():
         text = Path(config).read_text(encoding="utf-8")
-        if text.startswith("# written by pgidgen") and all(s.dsn in text for s in servers):
-            Path(config).unlink()  # ours and unchanged: it points at servers that are gone
+        from .config import config_text
+        from .layout import Layout
+
+        if text == config_text(Layout.make(), {s.name: s.dsn for s in servers}):
+            Path(config).unlink()  # ours and unchanged: it points at servers that are gone (an edited one stays)
     (directory / STATE_FILE).unlink(missing_ok=True)
     try:
         directory.rmdir()

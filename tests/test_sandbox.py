@@ -52,3 +52,15 @@ def test_sandbox_bad_paths_start_nothing(tmp_path: Path) -> None:
     (tmp_path / "sb4" / "sandbox.json").write_text("garbage")
     r = runner.invoke(main, ["sandbox", "down", "--dir", str(tmp_path / "sb4")])
     assert r.exit_code == 1 and "is not a sandbox state file pgidgen can read" in r.output and "Traceback" not in r.output
+
+
+def test_sandbox_down_keeps_a_config_that_was_edited(tmp_path: Path) -> None:
+    """down deletes the config up wrote only when it is still exactly that (an added database line was lost)."""
+    runner = CliRunner()
+    cfg = tmp_path / "pgidgen.toml"
+    r = runner.invoke(main, ["sandbox", "up", "--databases", "1", "--dir", str(tmp_path / "sb"), "--write-config", str(cfg)])
+    assert r.exit_code == 0, r.output
+    cfg.write_text(cfg.read_text() + 'db9 = "postgresql://app@db9.example/app"\n')
+    r = runner.invoke(main, ["sandbox", "down", "--dir", str(tmp_path / "sb")])
+    assert r.exit_code == 0, r.output
+    assert cfg.exists() and "db9" in cfg.read_text()
