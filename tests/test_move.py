@@ -360,10 +360,12 @@ def test_crash_then_rollback_then_crash_then_resume(config: Config, point: str) 
         move_shard(config, 1, "db3", hook=crash_at(point))
     assert open_moves(config.dsn("db1")) == 1
     # a fresh move of the same shard is refused while the interrupted one is open
-    with pytest.raises(MoveError, match="an interrupted move of shard 1 to db3 exists"):
+    with pytest.raises(MoveError, match="an interrupted move of shard 1 to db3 exists") as refused:
         move_shard(config, 1, "db2")
     step = point.split(":")[0]
     past_flip = ONLINE_STEPS.index(step) > ONLINE_STEPS.index(POINT_OF_NO_RETURN)
+    # the hint offers --rollback only where it can work (a fresh-clone review got it offered past the flip)
+    assert ("--rollback" in refused.value.render()) is not past_flip, refused.value.render()
     if not past_flip:
         report = rollback_move(config, 1)
         assert report.status == "rolled_back"

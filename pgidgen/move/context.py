@@ -15,7 +15,7 @@ from ..db import connect, read_each
 from ..errors import ConfigError, ConflictError, DatabaseError, InputError
 from ..idgen import schema_name
 from ..layout import Layout
-from .journal import lock_holder, open_move
+from .journal import POINT_OF_NO_RETURN, lock_holder, open_move
 
 
 class MoveError(DatabaseError):
@@ -272,8 +272,11 @@ def check_no_other_move(conn: psycopg.Connection[Any], ctx_source: str, shard: i
             where=f"{ctx_source}, backend pid {pid}",
             hint="wait for it to finish",
         )
+    steps = rec.steps
+    past_flip = rec.step in steps and POINT_OF_NO_RETURN in steps and steps.index(rec.step) > steps.index(POINT_OF_NO_RETURN)
     raise MoveError(
         f"an interrupted move of shard {shard} to {rec.target} exists (move {rec.move_id}, stopped at step {rec.step})",
         where=ctx_source,
-        hint=f"finish it with 'pgidgen move-shard --resume {shard}' or undo it with 'pgidgen move-shard --rollback {shard}'",
+        hint=(f"it is past its flip ({rec.target} serves the shard): finish it with 'pgidgen move-shard --resume {shard}'" if past_flip else
+              f"finish it with 'pgidgen move-shard --resume {shard}' or undo it with 'pgidgen move-shard --rollback {shard}'"),
     )
