@@ -30,12 +30,16 @@ class Config:
     layout: Layout
     databases: dict[str, str] = field(default_factory=dict)
     path: Path | None = None
+    #: databases whose connection string names an unset ${VAR}: an error only for commands that connect to them
+    unset: dict[str, ConfigError] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         for dsn in self.databases.values():
             redact.register(dsn)
 
     def dsn(self, name: str) -> str:
+        if name in self.unset:
+            raise self.unset[name]
         try:
             return self.databases[name]
         except KeyError:
@@ -85,7 +89,7 @@ def load_config(explicit: str | os.PathLike[str] | None = None, *, required: boo
         if required:
             raise ConfigError(
                 f"no {DEFAULT_NAME} in {Path.cwd()}",
-                hint=f"pass --config PATH, set {ENV_VAR}, or run 'pgidgen sandbox up' to create one",
+                hint=f"pass --config PATH (before the command: pgidgen --config PATH init ...), set {ENV_VAR}, or run 'pgidgen sandbox up' to create one",
             )
         return Config(layout=Layout.make())
     try:
@@ -127,6 +131,7 @@ def config_from_dict(data: Mapping[str, Any], *, path: Path | None = None) -> Co
         e.where = e.where or where
         raise type(e)(e.what, where=e.where, hint=e.hint) from None
     databases: dict[str, str] = {}
+    unset: dict[str, ConfigError] = {}
     for name, value in dict(data.get("databases", {})).items():
         if not _NAME_RE.match(name):
             raise ConfigError(f"database name {name!r} is not a plain name", where=where, hint="use letters, digits, _ and -")
@@ -138,8 +143,11 @@ def config_from_dict(data: Mapping[str, Any], *, path: Path | None = None) -> Co
                 where=where,
                 hint="keep secrets out of the file: use ${VAR} interpolation, PGPASSWORD or ~/.pgpass",
             )
-        databases[name] = interpolate(value, name=name, where=where)
-    return Config(layout=layout, databases=databases, path=path)
+        try:
+            databases[name] = interpolate(value, name=name, where=where)
+        except ConfigError as e:  # raised when a command connects to it: decode, layout, --sql never do
+            databases[name], unset[name] = value, e
+    return Config(layout=layout, databases=databases, path=path, unset=unset)
 
 
 def interpolate(value: str, *, name: str, where: str | None) -> str:

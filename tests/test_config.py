@@ -17,8 +17,28 @@ def test_env_interpolation(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_missing_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NOPE_DSN", raising=False)
+    cfg = config_from_dict({"databases": {"db1": "postgresql://localhost/app", "db2": "${NOPE_DSN}"}})
+    assert cfg.dsn("db1") == "postgresql://localhost/app"
     with pytest.raises(ConfigError, match=r"database db2 uses \$\{NOPE_DSN\}, which is not set: export NOPE_DSN"):
-        config_from_dict({"databases": {"db2": "${NOPE_DSN}"}})
+        cfg.dsn("db2")
+
+
+def test_commands_that_do_not_connect_need_no_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode, layout and --sql never connect: an unset ${VAR} (a secret not exported here) does not stop them, as it
+    did (found by a README review); a command that connects to that database names it."""
+    from click.testing import CliRunner
+
+    from pgidgen.cli import main
+
+    monkeypatch.delenv("NOPE_DSN", raising=False)
+    path = tmp_path / "pgidgen.toml"
+    path.write_text('[databases]\ndb1 = "postgresql://app@127.0.0.1:1/app"\ndb2 = "${NOPE_DSN}"\n')
+    runner = CliRunner()
+    for args in (["decode", "1"], ["decode", "--instagram", "1387263000588282244"], ["layout"], ["init", "--shards", "4", "--sql"]):
+        r = runner.invoke(main, ["--config", str(path), *args])
+        assert r.exit_code == 0, (args, r.output)
+    r = runner.invoke(main, ["--config", str(path), "map"])
+    assert r.exit_code == 1 and "db2: UNREACHABLE: database db2 uses ${NOPE_DSN}, which is not set" in r.output, r.output
 
 
 def test_password_in_file_refused(tmp_path: Path) -> None:
