@@ -29,6 +29,7 @@ class CatalogState:
     #: which physical database this is (the server's start time and the database's OID): two config names for
     #: one database (127.0.0.1 and localhost, say) are found out by it
     identity: str = ""
+    catalog_revision: int = 0  # see idgen.CATALOG_REVISION; 0 without a catalog
 
     @property
     def active(self) -> set[int]:
@@ -61,6 +62,9 @@ def read_state(conn: psycopg.Connection[Any], *, schemas: bool = True) -> Catalo
             st.layout = Layout(epoch_ms=lay[0], time_bits=lay[1], shard_bits=lay[2], sequence_bits=lay[3])
             st.shard_count = lay[4]
             st.generator = lay[5]
+        rev = conn.execute("SELECT substring(obj_description(to_regprocedure('pgidgen.min_id(timestamptz)'), 'pg_proc')"
+                           " FROM 'revision ([0-9]+)')").fetchone()
+        st.catalog_revision = int(rev[0]) if rev and rev[0] else 1
         st.shards = {int(s): str(state) for s, state in conn.execute("SELECT shard, state FROM pgidgen.shards")}
     if not schemas:
         return st

@@ -28,6 +28,12 @@ def schema_name(shard: int) -> str:
     return f"shard_{shard}"
 
 
+#: The catalog's SQL (catalog.sql and catalog_functions) as of this version, recorded in a comment on
+#: pgidgen.min_id(): init and move-shard bring an older catalog up to it (all of it is safe to run again), so fixes
+#: to the functions reach databases initialised before them. 1: no comment (before the first fix needing it).
+CATALOG_REVISION = 2
+
+
 def render_catalog(layout: Layout, *, shard_count: int, generator: str = DEFAULT_GENERATOR) -> str:
     """The catalog schema, its layout row and the layout-specific SQL helpers."""
     row = (
@@ -37,7 +43,7 @@ def render_catalog(layout: Layout, *, shard_count: int, generator: str = DEFAULT
     )
     return static_sql("catalog.sql") + "\n" + row + render(
         "catalog_functions.sql.j2", L=layout, lock_class=LOCK_CLASS, runs_out=iso_ms(layout.epoch_ms + (1 << layout.time_bits))
-    )
+    ) + f"COMMENT ON FUNCTION pgidgen.min_id(pg_catalog.timestamptz) IS 'pgidgen catalog revision {CATALOG_REVISION}';\n"
 
 
 def render_shard(layout: Layout, shard: int, *, grant_roles: Sequence[str] = (), generator: str = DEFAULT_GENERATOR) -> str:

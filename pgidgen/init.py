@@ -16,7 +16,7 @@ from .config import Config
 from .ddl.ledger import read_history, replay_for_new_shards
 from .db import Outcome, each_database, execute_script, read_each, transaction
 from .errors import ConfigError, ConflictError, DatabaseError, PgidgenError
-from .idgen import DEFAULT_GENERATOR, INIT_LOCK, LOCK_CLASS, check_argument_order, render_catalog, render_order_probe, render_catalog_grants, render_shard, render_shard_grants, schema_name
+from .idgen import CATALOG_REVISION, DEFAULT_GENERATOR, INIT_LOCK, LOCK_CLASS, check_argument_order, render_catalog, render_order_probe, render_catalog_grants, render_shard, render_shard_grants, schema_name
 from .layout import Layout, iso_ms
 from .ranges import collapse
 
@@ -161,7 +161,8 @@ def plan_init(
                     hint="rename or drop it; pgidgen never clobbers a schema it does not own",
                 )
             assignment[name].append(s)
-    install = {name: not states[name].has_catalog or states[name].layout is None for name in databases}
+    install = {name: not states[name].has_catalog or states[name].layout is None or states[name].catalog_revision < CATALOG_REVISION
+               for name in databases}
     return InitPlan(config.layout, shard_count, assignment, install, roles), states
 
 
@@ -216,7 +217,8 @@ def init(
                 execute_script(conn, chunk)
         parts = []
         if plan.install_catalog[name]:
-            parts.append("catalog installed")
+            parts.append(f"catalog upgraded to revision {CATALOG_REVISION}" if states[name].has_catalog and states[name].layout is not None
+                         else "catalog installed")
         parts.append(f"created {len(shards)} shards ({collapse(shards) or 'none'})")
         if shards and replayed.files:
             parts.append(f"replayed {replayed.files} sharded DDL files on them")

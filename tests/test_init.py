@@ -290,3 +290,40 @@ def test_one_database_under_two_config_names_is_refused(config: Config, tmp_path
     init(config, 4, ["db1"])
     r = run_cli(path, "map")
     assert r.exit_code == 1 and "PROBLEM: dbA and dbB are the same database" in r.output, r.output
+
+
+def test_an_older_catalog_is_upgraded_by_init_and_by_a_move(config: Config, config_file: Path) -> None:
+    """Fixes to the catalog's functions reach databases initialised before them (a review found an existing
+    catalog kept claim_shard(NULL) returning NULL and min_id('infinity') raising)."""
+    from pgidgen.move import move_shard
+
+    def make_old(name: str) -> None:
+        with psycopg.connect(config.dsn(name), autocommit=True) as c:
+            c.execute("COMMENT ON FUNCTION pgidgen.min_id(timestamptz) IS NULL")
+            c.execute("ALTER FUNCTION pgidgen.claim_shard(integer, boolean) STRICT")
+            c.execute("CREATE OR REPLACE FUNCTION pgidgen.min_id(ts timestamptz) RETURNS bigint LANGUAGE sql IMMUTABLE STRICT"
+                      " AS $$ SELECT floor(extract(epoch FROM ts) * 1000)::bigint $$")
+
+    def is_current(name: str) -> bool:
+        with psycopg.connect(config.dsn(name), autocommit=True) as c:
+            try:
+                c.execute("SELECT pgidgen.claim_shard(NULL)")
+                return False
+            except psycopg.errors.NullValueNotAllowed:
+                return c.execute("SELECT pgidgen.min_id('infinity')").fetchone()[0] == 2**63 - 1
+
+    init(config, 4, ["db1", "db2"])
+    make_old("db1")
+    make_old("db2")
+    assert not is_current("db1")
+    r = run_cli(config_file, "init", "--shards", "4", "--databases", "db1,db2")
+    assert r.exit_code == 0, r.output
+    assert "db1: catalog upgraded to revision 2, created 0 shards (none)" in r.output, r.output
+    assert is_current("db1") and is_current("db2")
+    r = run_cli(config_file, "init", "--shards", "4", "--databases", "db1,db2")
+    assert "upgraded" not in r.output and "unchanged" in r.output, r.output
+    make_old("db2")
+    with psycopg.connect(config.dsn("db2"), autocommit=True) as c:
+        c.execute("CREATE TABLE shard_3.t (id bigint PRIMARY KEY DEFAULT shard_3.next_id())")
+    move_shard(config, 3, "db1")  # the source's catalog is brought up to date first
+    assert is_current("db2")

@@ -24,7 +24,8 @@ from .. import redact
 from ..db import connect, execute_script, pg_message, scrub, tool_args
 from ..errors import ConflictError, DatabaseError, PgidgenError
 from ..ddl.ledger import DDL_LOCK, ledger_copy_sql
-from ..idgen import LOCK_CLASS, check_argument_order, render_catalog
+from ..idgen import CATALOG_REVISION, LOCK_CLASS, check_argument_order, render_catalog
+from ..layout import Layout
 from ..render import static_sql
 from . import sqltext as q
 from .context import (
@@ -247,9 +248,12 @@ def rollback_move(config: Config, shard: int) -> MoveReport:
 
 def ensure_catalog(conn: psycopg.Connection[Any], name: str, config: Config, *, layout: Any = None, shard_count: int = 0) -> None:
     """Bring an existing catalog up to this version's (the journal tables), or install one on an empty target."""
-    have = conn.execute("SELECT to_regclass('pgidgen.layout') IS NOT NULL, to_regclass('pgidgen.move_heartbeat') IS NOT NULL").fetchone()
+    have = conn.execute(
+        "SELECT to_regclass('pgidgen.layout') IS NOT NULL, to_regclass('pgidgen.move_heartbeat') IS NOT NULL,"
+        " coalesce(substring(obj_description(to_regprocedure('pgidgen.min_id(timestamptz)'), 'pg_proc') FROM 'revision ([0-9]+)')::int, 1)"
+    ).fetchone()
     assert have is not None
-    if have[0] and have[1]:
+    if have[0] and have[1] and have[2] >= CATALOG_REVISION:
         return
     try:
         with conn.transaction():
@@ -258,8 +262,13 @@ def ensure_catalog(conn: psycopg.Connection[Any], name: str, config: Config, *, 
                     raise MoveError(f"database {name} has no pgidgen catalog", hint="run 'pgidgen init' first")
                 check_argument_order(conn, name)  # a database that gets its first shard by a move: init's check
                 execute_script(conn, render_catalog(layout, shard_count=shard_count))
-            else:
-                execute_script(conn, static_sql("catalog.sql"))
+            else:  # an older catalog: its own layout's functions as of this version (all safe to run again)
+                row = conn.execute("SELECT epoch_ms, time_bits, shard_bits, sequence_bits, shard_count, generator FROM pgidgen.layout").fetchone()
+                if row is None:
+                    execute_script(conn, static_sql("catalog.sql"))
+                else:
+                    own = Layout(epoch_ms=row[0], time_bits=row[1], shard_bits=row[2], sequence_bits=row[3])
+                    execute_script(conn, render_catalog(own, shard_count=row[4], generator=row[5]))
     except psycopg.Error as e:
         raise DatabaseError(f"database {name} failed while upgrading the pgidgen catalog: {pg_message(e)}") from None
 
