@@ -30,6 +30,7 @@ class CatalogState:
     #: one database (127.0.0.1 and localhost, say) are found out by it
     identity: str = ""
     catalog_revision: int = 0  # see idgen.CATALOG_REVISION; 0 without a catalog
+    open_moves: dict[int, tuple[str, str, str]] = field(default_factory=dict)  # shard -> (source, target, step) in its journal
 
     @property
     def active(self) -> set[int]:
@@ -65,6 +66,9 @@ def read_state(conn: psycopg.Connection[Any], *, schemas: bool = True) -> Catalo
         rev = conn.execute("SELECT substring(obj_description(to_regprocedure('pgidgen.min_id(timestamptz)'), 'pg_proc')"
                            " FROM 'revision ([0-9]+)')").fetchone()
         st.catalog_revision = int(rev[0]) if rev and rev[0] else 1
+        if conn.execute("SELECT to_regclass('pgidgen.moves') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+            st.open_moves = {int(r[0]): (str(r[1]), str(r[2]), str(r[3])) for r in conn.execute(
+                "SELECT shard, source, target, step FROM pgidgen.moves WHERE status IN ('running', 'failed')")}
         st.shards = {int(s): str(state) for s, state in conn.execute("SELECT shard, state FROM pgidgen.shards")}
     if not schemas:
         return st

@@ -99,6 +99,8 @@ def build_map(states: dict[str, CatalogState], unreachable: dict[str, str] | Non
         for s, state in st.shards.items():
             if state in ("moving", "incoming"):
                 m.moving.setdefault(s, {"from": None, "to": None})["from" if state == "moving" else "to"] = name
+        for s, (source, target, _step) in st.open_moves.items():  # the journal knows both ends, also before the states change
+            m.moving[s] = {"from": source, "to": target}
     for s, dbs in sorted(holders.items()):
         if len(dbs) > 1:
             m.problems.append(f"shard {s} is active in more than one database: {', '.join(dbs)}")
