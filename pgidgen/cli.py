@@ -184,7 +184,7 @@ def _stdin_lines() -> Iterator[str]:
 @click.option("--epoch", help="Epoch (ms or ISO-8601) instead of the config's.")
 @click.option("--shard-bits", type=int, help="Shard bits instead of the config's.")
 @click.option("--sequence-bits", type=int, help="Sequence bits instead of the config's.")
-@click.option("--time-bits", type=int, help="Time bits (default: what remains below the sign bit).")
+@click.option("--time-bits", type=int, help="Time bits (default: what remains below the sign bit; 41 with --instagram).")
 @click.option("--instagram", is_flag=True, help="Instagram's published layout: 41/13/10 bits, epoch 1314220021721.")
 @click.pass_context
 def decode_cmd(
@@ -260,7 +260,8 @@ def _print_map(m: Any) -> None:
         click.echo(f"PROBLEM: {p}")
     for shard, ends in sorted(m.moving.items()):
         click.echo(f"MOVING: shard {shard} from {ends['from'] or '?'} to {ends['to'] or '?'} (a move running, or interrupted:"
-                   f" 'pgidgen move-shard {shard} --resume' or '--rollback'; its replication slot keeps WAL on the source meanwhile)")
+                   f" 'pgidgen move-shard {shard} --resume', or '--rollback' if it has not activated the target; an online"
+                   " move's replication slot keeps WAL on the source until teardown)")
     if m.ok:
         click.echo("ok: every shard is in exactly one database")
 
@@ -391,7 +392,7 @@ def sandbox_up(count: int, directory: str, config_out: str, force: bool) -> None
 @sandbox_group.command("down")
 @click.option("--dir", "directory", default=".pgidgen-sandbox", show_default=True, help="Where the sandbox keeps its state.")
 def sandbox_down(directory: str) -> None:
-    """Stop the sandbox servers, delete their data and the config that `up` wrote."""
+    """Stop the sandbox servers, delete their data and the config that `up` wrote, unless it was edited since."""
     from .sandbox import down
 
     servers = down(Path(directory))
@@ -553,9 +554,15 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
         click.echo(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()))
         return
     show = (lambda m, r: click.echo(f"shard {m.shard}: {m.source} -> {m.target}: "
-                                    + (f"FAILED: {r.render()}" if isinstance(r, PgidgenError) else f"done, pause {r.pause_ms or 0:.0f} ms"), err=True))
+                                    + (f"FAILED: {scrub(r.render())}" if isinstance(r, PgidgenError) else f"done, pause {r.pause_ms or 0:.0f} ms"), err=True))
     result = rebalance(config, names, parallel=parallel, options=opts, on_done=None if as_json else show)
-    click.echo(json.dumps(result.as_dict(), indent=2) if as_json else "\n".join(result.lines() + result.plan.lines()[len(result.plan.before) + len(result.plan.moves):]))
+    if not as_json:
+        from .shardmap import read_map
+
+        now = read_map(config).databases  # as the databases report it: a move that failed past its flip left its shard on the target
+        click.echo("\n".join(result.lines(now) + result.plan.lines()[len(result.plan.before) + len(result.plan.moves):]))
+    else:
+        click.echo(json.dumps(result.as_dict(), indent=2))
     if not result.ok:
         done = len(result.plan.moves) - len(result.failures)
         raise click.ClickException(f"{len(result.failures)} of {len(result.plan.moves)} moves failed"

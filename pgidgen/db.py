@@ -90,23 +90,18 @@ def tracked(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
 def transaction(name: str, dsn: str, *, doing: str) -> Iterator[psycopg.Connection[Any]]:
     """One transaction on one database; any error rolls it back and becomes a DatabaseError."""
     conn = connect(name, dsn)
-    with _live_lock:
-        _live[id(conn)] = conn
     try:
-        with conn:
+        with tracked(conn), conn:
             yield conn
             if _interrupted.is_set():
                 raise _Interrupted  # rolls back
-        with _live_lock:
-            _committed.add(name)
+        note_committed(name)
     except (psycopg.Error, _Interrupted) as e:
         if _interrupted.is_set():
             raise DatabaseError(f"database {name}: interrupted, rolled back") from None
         assert isinstance(e, psycopg.Error)
         raise translate(name, e, doing=doing) from None
     finally:
-        with _live_lock:
-            _live.pop(id(conn), None)
         conn.close()
 
 
@@ -138,10 +133,13 @@ def each_database(names: Sequence[str], work: Callable[[str], T], *, parallel: b
         except PgidgenError as e:
             return e
 
-    if not parallel or len(names) < 2:
-        return {name: guarded(name) for name in names}
     with _live_lock:
         _committed.difference_update(names)
+    if not parallel or len(names) < 2:  # Ctrl-C lands in the work itself, whose open transaction rolls back
+        try:
+            return {name: guarded(name) for name in names}
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(_interrupted_message(names)) from None
     pool = ThreadPoolExecutor(max_workers=min(8, len(names)))
     try:
         futures = {name: pool.submit(guarded, name) for name in names}
@@ -156,15 +154,17 @@ def each_database(names: Sequence[str], work: Callable[[str], T], *, parallel: b
             except Exception:  # noqa: BLE001 - a connection that just closed: nothing to cancel
                 pass
         pool.shutdown(wait=True, cancel_futures=True)
-        with _live_lock:
-            done = sorted(_committed & set(names))
-        raise KeyboardInterrupt(
-            "interrupted; " + (f"{', '.join(done)} had committed (some of) its work already, the rest was rolled back" if done
-                               else "every database's transaction was rolled back")
-        ) from None
+        raise KeyboardInterrupt(_interrupted_message(names)) from None
     finally:
         pool.shutdown(wait=True)
         _interrupted.clear()
+
+
+def _interrupted_message(names: Sequence[str]) -> str:
+    with _live_lock:
+        done = sorted(_committed & set(names))
+    return "interrupted; " + (f"{', '.join(done)} had committed (some of) its work already, the rest was rolled back" if done
+                              else "every database's transaction was rolled back")
 
 
 def tool_args(dsn: str) -> tuple[str, dict[str, str]]:

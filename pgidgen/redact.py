@@ -4,7 +4,8 @@ Connection strings come from the environment (interpolated into the config, or -
 a password. libpq quotes parts of a connection string it cannot use in its messages ("unexpected spaces found in
 ...", "invalid percent-encoded token ...", a host name that was really the tail of a password with a '/' or '@'
 in it), so patterns alone cannot find every password in a message: each connection string's password is
-registered here when pgidgen first sees it, and scrub() takes it (and its parts) out of any text.
+registered here when pgidgen first sees it, and scrub() takes it (and its parts of 5 characters or more; shorter
+ones are left to the patterns) out of any text.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ _known: set[str] = set()
 #: escapes) and user:password@ in a URI.
 _PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|(?:\\.|\S)+)|(://[^:/@\s]*:)([^@\s?#]*)(@)", re.I)
 _URI_RE = re.compile(r"^\s*postgres(?:ql)?://", re.I)
-#: parts of a password shorter than this are not taken out of messages on their own (too many false matches)
+#: a password, or a part of one, shorter than this is left to the patterns (it would take letters out of words)
 _MIN_PART = 5
 
 
@@ -81,12 +82,6 @@ def register(dsn: str | None) -> None:
         secrets.update(part for part in [pw, *re.split(r"[\s@/:?#%\\']+", pw)] if len(part) >= _MIN_PART)
     with _lock:
         _known.update(secrets)
-
-
-def register_password(password: str | None) -> None:
-    if password:
-        with _lock:
-            _known.add(password)
 
 
 def scrub(text: str) -> str:

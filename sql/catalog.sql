@@ -55,7 +55,8 @@ DECLARE
     st text;
     s name;
 BEGIN
-    -- Not STRICT: a NULL shard (an unset bind parameter) must fail like an unknown one, not return NULL unchecked.
+    -- Not STRICT: a NULL shard (an unset bind parameter) must fail (22004, not PGR01: nothing to retry elsewhere),
+    -- not return NULL unchecked and unlocked.
     IF shard IS NULL THEN
         RAISE EXCEPTION 'pgidgen: claim_shard() needs a shard number, not NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;

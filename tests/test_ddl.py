@@ -312,7 +312,8 @@ def test_apply_to_databases_never_initialised_is_refused(config_file: Path, sche
             assert c.execute("SELECT to_regnamespace('pgidgen')").fetchone()[0] is None
 
 
-def test_ctrl_c_during_commit_every_commits_no_more_batches(config: Config, config_file: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("names", [("db1", "db2"), ("db1",)])  # threads, and the one-database path without them
+def test_ctrl_c_during_commit_every_commits_no_more_batches(config: Config, config_file: Path, tmp_path: Path, names: tuple[str, ...]) -> None:
     """Ctrl-C while apply-ddl --commit-every runs on two databases: no batch commits after it, and the message says
     which databases had committed some of their work (it said everything was rolled back while every shard got
     the file; found by a review)."""
@@ -326,24 +327,24 @@ def test_ctrl_c_during_commit_every_commits_no_more_batches(config: Config, conf
     ddl = tmp_path / "wide.sql"
     ddl.write_text("".join(f"CREATE TABLE t{i} (id bigint PRIMARY KEY DEFAULT next_id(), v text);\n" for i in range(4)))
     proc = subprocess.Popen([str(Path(sys.executable).parent / "pgidgen"), "--config", str(config_file), "apply-ddl", str(ddl),
-                             "--databases", "db1,db2", "--commit-every", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--databases", ",".join(names), "--commit-every", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def tables(name: str) -> int:
         return query(config, name, "SELECT count(*) FROM pg_class WHERE relname = 't0' AND relkind = 'r'")[0][0]  # type: ignore[return-value]
 
     try:
         deadline = time.monotonic() + 120
-        while (tables("db1") == 0 or tables("db2") == 0) and time.monotonic() < deadline and proc.poll() is None:
+        while any(tables(n) == 0 for n in names) and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
         os.kill(proc.pid, signal.SIGINT)
-        at_signal = {n: tables(n) for n in ("db1", "db2")}
+        at_signal = {n: tables(n) for n in names}
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
         proc.wait()
     assert proc.returncode == 1, out + err
-    assert err.strip().splitlines()[-1].startswith("Error: interrupted; db1, db2 had committed (some of) its work already"), err
-    after = {n: tables(n) for n in ("db1", "db2")}
-    for n in ("db1", "db2"):
+    assert err.strip().splitlines()[-1].startswith(f"Error: interrupted; {', '.join(names)} had committed (some of) its work already"), err
+    after = {n: tables(n) for n in names}
+    for n in names:
         assert after[n] - at_signal[n] <= 20, (at_signal, after)  # at most the batch that was committing then
         assert after[n] < 600, after

@@ -247,7 +247,8 @@ def rollback_move(config: Config, shard: int) -> MoveReport:
 
 
 def ensure_catalog(conn: psycopg.Connection[Any], name: str, config: Config, *, layout: Any = None, shard_count: int = 0) -> None:
-    """Bring an existing catalog up to this version's (the journal tables), or install one on an empty target."""
+    """Bring an existing catalog up to this version's (journal tables, and catalog functions older than
+    CATALOG_REVISION), or install one on an empty target."""
     have = conn.execute(
         "SELECT to_regclass('pgidgen.layout') IS NOT NULL, to_regclass('pgidgen.move_heartbeat') IS NOT NULL,"
         " coalesce(substring(obj_description(to_regprocedure('pgidgen.min_id(timestamptz)'), 'pg_proc') FROM 'revision ([0-9]+)')::int, 1)"

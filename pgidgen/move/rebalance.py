@@ -4,8 +4,8 @@ Every move is an ordinary move-shard (same checks, journal, cutover, verificatio
 the fewest moves that leave every database within one shard of the others, taking from each crowded database
 its highest-numbered shards (so what stays keeps its contiguous ranges). Shards in the middle of a move stay where
 they are, and a shard never goes back to a database that still holds its retired copy: another one goes instead.
-A failed move does not stop the others; it stays resumable on its own (`pgidgen move-shard N --resume` /
-`--rollback`).
+A failed move does not stop the others; it stays resumable on its own (`pgidgen move-shard N --resume`, or
+`--rollback` when it failed before activating the target).
 """
 from __future__ import annotations
 
@@ -90,15 +90,10 @@ class RebalanceResult:
         return {"plan": self.plan.as_dict(), "moves": [r.as_dict() for r in self.reports],
                 "failed": [{**m.as_dict(), "error": e} for m, e in self.failures], "ok": self.ok}
 
-    def lines(self) -> list[str]:
-        """Shards per database as the moves left them (a failed move's shard stays on its source)."""
-        failed = {m.shard for m, _ in self.failures}
-        now = {n: list(v) for n, v in self.plan.before.items()}
-        for m in self.plan.moves:
-            if m.shard not in failed:
-                now[m.source].remove(m.shard)
-                now[m.target].append(m.shard)
-        return [f"{n}: {len(self.plan.before[n])} shards -> {len(v)} ({collapse(sorted(v)) or '-'})" for n, v in now.items()]
+    def lines(self, now: dict[str, list[int]]) -> list[str]:
+        """Shards per database before the run and now (as the databases report it: read_map)."""
+        return [f"{n}: {len(before)} shards -> {len(now.get(n, []))} ({collapse(sorted(now.get(n, []))) or '-'})"
+                for n, before in self.plan.before.items()]
 
 
 def plan_rebalance(config: Config, databases: Sequence[str] | None = None) -> RebalancePlan:

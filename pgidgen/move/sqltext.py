@@ -283,7 +283,7 @@ class ColumnHash:
 def checksum_sql(schema: str, table: str, columns: Sequence[ColumnHash] | None = None, *, as_text: bool = False) -> str:
     """Row count and the sum of 64-bit hashes of every row: order-independent, one sequential scan, so it needs
     no sort and parallelises across the two servers. With columns, a row's hash is the XOR of each column's own
-    hash function seeded with its position, 40% cheaper than hash_record_extended on the whole row, which is
+    hash function seeded with its position (a bigint's high half too), cheaper than hash_record_extended on the whole row, which is
     what columns without a hash function of their own take (inside ROW(...)), and what runs without columns. A
     NULL hashes to minus its position: some hash functions return their seed for a value (0.0 for floats), so
     the position itself would let a NULL that became such a value pass. Tables with a column type that has no
@@ -328,7 +328,8 @@ def _column_hash(c: ColumnHash, seed: int) -> str:
 #: hashes 'A' and 'a' alike; the text is hashed under "C"); those whose equality is looser than identity
 #: (numeric 1.5 = 1.50, float -0 = 0, interval '1 day' = '24 hours', jsonb, whose hash also returns the seed for
 #: '{}' and '[]'); those hashed by hashint8extended, which folds the two 32-bit halves into one before hashing
-#: (timestamps, times, pg_lsn, xid8: 1 and 2^32 microseconds after midnight hash alike); arrays of all these and
+#: (timestamps, times, pg_lsn, xid8: 1 and 2^32 microseconds after midnight hash alike); money, which has no hash
+#: function; arrays of all these and
 #: of bigint; ranges and multiranges. Their text is exact under VERIFY_SETTINGS.
 COLUMN_HASHES_SQL = """
 SELECT c.relname, a.attname, fn.nspname, fn.proname,
