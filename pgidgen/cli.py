@@ -559,8 +559,8 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
     if not as_json:
         from .shardmap import read_map
 
-        now = read_map(config).databases  # as the databases report it: a move that failed past its flip left its shard on the target
-        click.echo("\n".join(result.lines(now) + result.plan.lines()[len(result.plan.before) + len(result.plan.moves):]))
+        now = read_map(config)  # as the databases report it: a move that failed past its flip left its shard on the target
+        click.echo("\n".join(result.lines(now.databases, list(now.unreachable)) + result.plan.lines()[len(result.plan.before) + len(result.plan.moves):]))
     else:
         click.echo(json.dumps(result.as_dict(), indent=2))
     if not result.ok:

@@ -39,7 +39,8 @@ class Config:
 
     def dsn(self, name: str) -> str:
         if name in self.unset:
-            raise self.unset[name]
+            e = self.unset[name]
+            raise ConfigError(e.what, where=e.where, hint=e.hint)  # a fresh one: a stored one would pile up tracebacks
         try:
             return self.databases[name]
         except KeyError:
@@ -186,7 +187,8 @@ def describe_dsn(dsn: str) -> str:
     host = str(params.get("host") or "localhost")
     port = str(params.get("port") or "5432")
     db = str(params.get("dbname") or params.get("user") or "")
-    return f"{host}:{port}/{db}"
+    redact.register(dsn)
+    return redact.scrub(f"{host}:{port}/{db}")  # whatever a misread password left in host or dbname
 
 
 def write_config(path: Path, layout: Layout, databases: Mapping[str, str]) -> None:

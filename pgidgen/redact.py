@@ -25,17 +25,33 @@ _URI_RE = re.compile(r"^\s*postgres(?:ql)?://", re.I)
 _MIN_PART = 5
 
 
+#: a query parameter (?key= or &key=): an '@' after one is in the query (user=admin@server), not ending user info
+_QUERY_PARAM_RE = re.compile(r"[?&][A-Za-z_][A-Za-z0-9_]*=")
+
+
 def _userinfo_end(dsn: str) -> tuple[int, int] | None:
     """Where a postgresql:// URI's user info ends: (start of what follows '://', index of its '@'). The '@' is the
-    last one before the query or fragment (a password may hold '/', '@' or spaces, which libpq then misreads; a
-    query value may hold '@' too, as in user=admin@server)."""
+    last one before the query (a password may hold '/', '@', '?', '#' or spaces, which libpq then misreads); an
+    '@' after a query parameter is a query value's (user=admin@server)."""
     m = _URI_RE.match(dsn)
     if not m:
         return None
     rest = dsn[m.end():]
-    cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
-    at = rest.rfind("@", 0, cut)
+    at = rest.rfind("@")
+    while at >= 0 and _QUERY_PARAM_RE.search(rest, 0, at):
+        at = rest.rfind("@", 0, at)
     return None if at < 0 else (m.end(), m.end() + at)
+
+
+def _last_at_password(dsn: str) -> str | None:
+    """The password the widest reading would see (everything between '://user:' and the last '@'): registered for
+    scrubbing even where _userinfo_end reads the '@' as a query's, so that no reading leaves a password shown."""
+    m = _URI_RE.match(dsn)
+    if not m:
+        return None
+    rest = dsn[m.end():]
+    at = rest.rfind("@")
+    return rest[:at].split(":", 1)[1] if at >= 0 and ":" in rest[:at] else None
 
 
 def uri_password(dsn: str) -> str | None:
@@ -53,11 +69,12 @@ def strip_userinfo(dsn: str) -> str:
     return dsn if where is None else dsn[: where[0]] + dsn[where[1] + 1:]
 
 
-def passwords_in(dsn: str) -> list[str]:
-    """Every password a connection string holds, as written and as libpq decodes it."""
+def passwords_in(dsn: str, *, widest: bool = False) -> list[str]:
+    """Every password a connection string holds, as written and as libpq decodes it; widest: also what the widest
+    reading of a URI's user info would take for one (for scrubbing, not for refusing)."""
     found: list[str] = []
-    raw = uri_password(dsn)
-    if raw:
+    for raw in {uri_password(dsn), _last_at_password(dsn) if widest else None} - {None}:
+        assert raw is not None
         found += [raw, unquote(raw)]
     try:
         pw = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
@@ -77,7 +94,7 @@ def register(dsn: str | None) -> None:
     if not dsn:
         return
     secrets = set()
-    for pw in passwords_in(dsn):
+    for pw in passwords_in(dsn, widest=True):
         # too short a password (or part) would be taken out of every word that holds it: those rely on the patterns
         secrets.update(part for part in [pw, *re.split(r"[\s@/:?#%\\']+", pw)] if len(part) >= _MIN_PART)
     with _lock:

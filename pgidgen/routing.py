@@ -561,7 +561,7 @@ class Router:
                     while not self._stop.is_set():
                         for _ in conn.notifies(timeout=0.2):
                             self.invalidate()
-            except psycopg.Error:
+            except (psycopg.Error, PgidgenError):  # PgidgenError: its ${VAR} is not set (config.dsn)
                 ready.set()  # unreachable now: the map says so; reconnecting (above) re-reads it
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)

@@ -93,6 +93,8 @@ def test_client_programs_get_the_password_by_environment() -> None:
     "postgresql://app@127.0.0.1/app?password=hunter2",
     "postgresql://app:${PW}@127.0.0.1/app?password=hunter2",  # the user info's ${PW} does not excuse the query's
     "postgresql://app@127.0.0.1/app?pass%77ord=hunter2",
+    "postgresql://app:S3cret/pass?word99@db.example.com/app",  # '?' and '/' in the password
+    "postgresql://app:S3cret#pass/word99@db.example.com/app",
 ])
 def test_any_literal_password_in_the_file_is_refused(tmp_path: Path, dsn: str) -> None:
     path = tmp_path / "pgidgen.toml"
@@ -114,6 +116,8 @@ def test_a_password_from_the_environment_inside_a_connection_string(monkeypatch:
     "postgresql://app:top SECRETpart@127.0.0.1:1/app",
     "postgresql://app:abSE%ZZSECRET@127.0.0.1:1/app",
     "host=127.0.0.1 port=1 password=abc\\ SECRETpart",
+    "postgresql://app:SECRET#pass/word99@127.0.0.1:1/app",
+    "postgresql://app:SECRET/pass?word99@127.0.0.1:1/app",
 ])
 def test_no_part_of_a_password_in_any_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dsn: str) -> None:
     """libpq's messages quote what it could not use of a connection string (a host that was a password's tail,

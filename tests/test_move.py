@@ -578,18 +578,24 @@ def test_a_role_missing_on_the_target_is_refused_up_front(config: Config, config
 
     role = f"app_{uuid.uuid4().hex[:8]}"
     setup_shards(config, rows=10)
+    others = [f"{role}_defacl", f"{role}_stats"]  # in the schema's default privileges; owning an extended statistics object
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
-        c.execute(f"CREATE ROLE {role}")
+        for r in (role, *others):
+            c.execute(f"CREATE ROLE {r}")
         c.execute(f"GRANT USAGE ON SCHEMA shard_1 TO {role}")
         c.execute(f"GRANT SELECT (v) ON shard_1.t TO {role}")
+        c.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA shard_1 GRANT SELECT ON TABLES TO {others[0]}")
+        c.execute("CREATE STATISTICS shard_1.t_stats ON v, note FROM shard_1.t")
+        c.execute(f"ALTER STATISTICS shard_1.t_stats OWNER TO {others[1]}")
     for args in (["move-shard", "1", "db3", "--dry-run"], ["move-shard", "1", "db3"]):
         res = CliRunner().invoke(main, ["--config", str(config_file), *args])
         assert res.exit_code == 1
-        assert res.output.strip() == (f"Error: role {role} of shard_1 (owner or grantee of its objects on db1) does not exist on db3:"
-                                      " create it on db3 (roles belong to the server, not the database), then move"), res.output
+        assert res.output.strip() == (f"Error: roles {', '.join(sorted([role, *others]))} of shard_1 (owner or grantee of its objects on db1)"
+                                      " do not exist on db3: create them on db3 (roles belong to the server, not the database), then move"), res.output
     assert leftovers(config.databases) == [] and open_moves(config.dsn("db1")) == 0
     with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
-        c.execute(f"CREATE ROLE {role}")
+        for r in (role, *others):
+            c.execute(f"CREATE ROLE {r}")
     report = move_shard(config, 1, "db3")
     assert report.verification is not None and report.verification.ok
 
@@ -609,6 +615,9 @@ def test_rebalance_plan_says_when_retired_copies_keep_it_uneven() -> None:
     assert {n: len(v) for n, v in pinned.after.items()} == {"a": 4, "b": 2, "c": 2}
     around = spread(["a", "b", "c"], {"a": [1, 2, 3, 4, 5, 6], "b": [], "c": []}, fixed=set(), retired={"b": {1, 2, 3, 4, 5, 6}})
     assert {n: len(v) for n, v in around.after.items()} == {"a": 3, "b": 0, "c": 3}
+    # a shard is moved once per plan: a second move of it ran at the same time as the first and failed (a review)
+    once = spread(["A", "B", "C"], {"A": [1, 2, 3, 4, 5, 6], "B": [], "C": []}, fixed=set(), retired={"C": {1, 2, 3, 4, 5}})
+    assert len({m.shard for m in once.moves}) == len(once.moves)
 
 
 def test_rebalance_around_a_move_in_progress_and_a_retired_copy(config: Config, config_file: Path) -> None:

@@ -446,3 +446,19 @@ def _wait_for_lock_wait(dsn: str) -> None:
             return row is not None and row[0] >= 1
 
         _wait_until(waiting)
+
+
+def test_a_database_with_an_unset_variable_does_not_stop_the_router(sharded: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config whose db9 names an unset ${VAR} loads (commands that never connect to db9 need not know it); the
+    router's listener for db9 treats it as down instead of dying with a traceback and holding start-up for the
+    connect timeout (found by a review)."""
+    from pgidgen.config import config_from_dict
+
+    monkeypatch.delenv("PGIDGEN_NOPE_DSN", raising=False)
+    cfg = config_from_dict({"databases": {**sharded.databases, "db9": "${PGIDGEN_NOPE_DSN}"}})
+    cfg = Config(layout=sharded.layout, databases=cfg.databases, unset=cfg.unset)
+    died: list[Any] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args))
+    with Router(cfg) as r:
+        assert r.run(2, insert(2)) > 0
+    assert died == []

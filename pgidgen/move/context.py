@@ -225,8 +225,10 @@ def check_servers(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.
         raise MoveError(f"the role pgidgen uses on {ctx.target} is not a superuser", hint="CREATE SUBSCRIPTION needs a superuser in PostgreSQL 15")
 
 
-#: Every role the shard's schema refers to: owners of the schema and its objects, grantees and grantors in their
-#: ACLs (columns' too), roles of row-level policies. pg_dump's output names them; a target without one of them
+#: Every role the shard's schema refers to: owners of the schema and its objects (relations, functions, types,
+#: statistics, operators and their classes and families, collations, conversions, text search configurations and
+#: dictionaries), grantees and grantors in their ACLs (columns' too) and in the schema's default privileges, roles
+#: of row-level policies. pg_dump's output names them; a target without one of them
 #: fails the restore halfway ("role ... does not exist"), after the slot and publication exist.
 ROLES_OF_SCHEMA_SQL = """
 WITH n AS (SELECT oid, nspowner, nspacl FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s),
@@ -237,6 +239,15 @@ objs (owner, acl) AS (
     UNION ALL SELECT t.typowner, t.typacl FROM pg_catalog.pg_type t JOIN n ON t.typnamespace = n.oid
     UNION ALL SELECT NULL, a.attacl FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid JOIN n ON c.relnamespace = n.oid
         WHERE a.attacl IS NOT NULL
+    UNION ALL SELECT d.defaclrole, d.defaclacl FROM pg_catalog.pg_default_acl d JOIN n ON d.defaclnamespace = n.oid
+    UNION ALL SELECT x.stxowner, NULL FROM pg_catalog.pg_statistic_ext x JOIN n ON x.stxnamespace = n.oid
+    UNION ALL SELECT o.oprowner, NULL FROM pg_catalog.pg_operator o JOIN n ON o.oprnamespace = n.oid
+    UNION ALL SELECT o.opcowner, NULL FROM pg_catalog.pg_opclass o JOIN n ON o.opcnamespace = n.oid
+    UNION ALL SELECT o.opfowner, NULL FROM pg_catalog.pg_opfamily o JOIN n ON o.opfnamespace = n.oid
+    UNION ALL SELECT o.collowner, NULL FROM pg_catalog.pg_collation o JOIN n ON o.collnamespace = n.oid
+    UNION ALL SELECT o.conowner, NULL FROM pg_catalog.pg_conversion o JOIN n ON o.connamespace = n.oid
+    UNION ALL SELECT o.cfgowner, NULL FROM pg_catalog.pg_ts_config o JOIN n ON o.cfgnamespace = n.oid
+    UNION ALL SELECT o.dictowner, NULL FROM pg_catalog.pg_ts_dict o JOIN n ON o.dictnamespace = n.oid
 ),
 roles (r) AS (
     SELECT owner FROM objs WHERE owner IS NOT NULL

@@ -90,9 +90,10 @@ class RebalanceResult:
         return {"plan": self.plan.as_dict(), "moves": [r.as_dict() for r in self.reports],
                 "failed": [{**m.as_dict(), "error": e} for m, e in self.failures], "ok": self.ok}
 
-    def lines(self, now: dict[str, list[int]]) -> list[str]:
+    def lines(self, now: dict[str, list[int]], unreachable: Sequence[str] = ()) -> list[str]:
         """Shards per database before the run and now (as the databases report it: read_map)."""
-        return [f"{n}: {len(before)} shards -> {len(now.get(n, []))} ({collapse(sorted(now.get(n, []))) or '-'})"
+        return [f"{n}: {len(before)} shards -> " + ("? (unreachable now)" if n in unreachable else
+                                                     f"{len(now.get(n, []))} ({collapse(sorted(now.get(n, []))) or '-'})")
                 for n, before in self.plan.before.items()]
 
 
@@ -121,13 +122,14 @@ def spread(
     names = list(names)
     after = {n: sorted(v) for n, v in held.items()}
     moves: list[PlannedMove] = []
+    moved: set[int] = set()  # a shard moves once per plan (a second move of it would run at the same time and fail)
     while True:
         taken = None
         for d in sorted(names, key=lambda n: (-len(after[n]), names.index(n))):
             for r in sorted(names, key=lambda n: (len(after[n]), names.index(n))):
                 if len(after[d]) - len(after[r]) < 2:
                     break
-                shard = next((s for s in reversed(after[d]) if s not in fixed and s not in retired.get(r, set())), None)
+                shard = next((s for s in reversed(after[d]) if s not in fixed and s not in moved and s not in retired.get(r, set())), None)
                 if shard is not None:
                     taken = (shard, d, r)
                     break
@@ -138,6 +140,7 @@ def spread(
         shard, d, r = taken
         after[d].remove(shard)
         after[r].append(shard)
+        moved.add(shard)
         moves.append(PlannedMove(shard, d, r))
     blocked: dict[int, str] = {}
     lo = min(len(v) for v in after.values())
