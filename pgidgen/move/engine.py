@@ -24,7 +24,7 @@ from .. import redact
 from ..db import connect, execute_script, pg_message, scrub, tool_args
 from ..errors import ConflictError, DatabaseError, PgidgenError
 from ..ddl.ledger import DDL_LOCK, ledger_copy_sql
-from ..idgen import CATALOG_REVISION, LOCK_CLASS, check_argument_order, render_catalog
+from ..idgen import CATALOG_REVISION, INIT_LOCK, LOCK_CLASS, check_argument_order, render_catalog
 from ..layout import Layout
 from ..render import static_sql
 from . import sqltext as q
@@ -258,6 +258,9 @@ def ensure_catalog(conn: psycopg.Connection[Any], name: str, config: Config, *, 
         return
     try:
         with conn.transaction():
+            # init's lock: two movers (or a mover and an init) bringing one catalog up at once would collide
+            # ("tuple concurrently updated" on CREATE OR REPLACE); the second re-runs the same SQL after the first
+            conn.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, INIT_LOCK))
             if not have[0]:
                 if layout is None:
                     raise MoveError(f"database {name} has no pgidgen catalog", hint="run 'pgidgen init' first")
