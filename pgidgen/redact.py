@@ -38,9 +38,22 @@ def _userinfo_end(dsn: str) -> tuple[int, int] | None:
         return None
     rest = dsn[m.end():]
     at = rest.rfind("@")
-    while at >= 0 and _QUERY_PARAM_RE.search(rest, 0, at):
-        at = rest.rfind("@", 0, at)
+    if not _bogus_port(rest):  # host:notaport is user:password misread, whatever follows
+        while at >= 0 and _QUERY_PARAM_RE.search(rest, 0, at):
+            at = rest.rfind("@", 0, at)
     return None if at < 0 else (m.end(), m.end() + at)
+
+
+def _bogus_port(rest: str) -> bool:
+    """Would libpq read a port that is not a number (the part after a ':' of a host before the first '/')? Then
+    what it reads as host:port is user:password of a URI whose password holds a '/'."""
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    for host in authority.split(","):
+        if host.startswith("["):
+            host = host[host.find("]") + 1:] if "]" in host else ""
+        if ":" in host and not host.rsplit(":", 1)[1].isdigit():
+            return True
+    return False
 
 
 def _last_at_password(dsn: str) -> str | None:
@@ -69,23 +82,37 @@ def strip_userinfo(dsn: str) -> str:
     return dsn if where is None else dsn[: where[0]] + dsn[where[1] + 1:]
 
 
-def passwords_in(dsn: str, *, widest: bool = False) -> list[str]:
-    """Every password a connection string holds, as written and as libpq decodes it; widest: also what the widest
-    reading of a URI's user info would take for one (for scrubbing, not for refusing)."""
+#: password=... as a URI query parameter (its key may be %-encoded: matched on the decoded text): up to '&' or '#'
+_QUERY_PASSWORD_RE = re.compile(r"[?&]password=([^&#]*)", re.I)
+
+
+def parses(dsn: str) -> bool:
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+        return True
+    except psycopg.ProgrammingError:
+        return False
+
+
+def passwords_in(dsn: str) -> list[str]:
+    """Every password a connection string holds, as written and as libpq decodes it. One that libpq cannot parse
+    is read every way it could be meant (the widest user info, a %-encoded password key), since libpq's messages
+    then quote pieces of it."""
     found: list[str] = []
-    for raw in {uri_password(dsn), _last_at_password(dsn) if widest else None} - {None}:
+    unparsable = not parses(dsn)
+    for raw in {uri_password(dsn), _last_at_password(dsn) if unparsable else None} - {None}:
         assert raw is not None
         found += [raw, unquote(raw)]
-    try:
+    if not unparsable:
         pw = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
         if pw:
             found.append(str(pw))
-    except psycopg.ProgrammingError:
-        pass
     for m in _PASSWORD_RE.finditer(dsn):
         value = m.group(2) if m.group(1) else m.group(4)
         if value:
             found.append(value.strip("'"))
+    if _URI_RE.match(dsn):
+        found += [m.group(1) for m in _QUERY_PASSWORD_RE.finditer(unquote(dsn))]
     return [p for p in found if p]
 
 
@@ -94,9 +121,10 @@ def register(dsn: str | None) -> None:
     if not dsn:
         return
     secrets = set()
-    for pw in passwords_in(dsn, widest=True):
-        # too short a password (or part) would be taken out of every word that holds it: those rely on the patterns
-        secrets.update(part for part in [pw, *re.split(r"[\s@/:?#%\\']+", pw)] if len(part) >= _MIN_PART)
+    for pw in passwords_in(dsn):
+        # too short a password (or part) would be taken out of every word that holds it: those rely on the patterns;
+        # the parts are cut where libpq cuts a misread string (host lists, query keys and values)
+        secrets.update(part for part in [pw, *re.split(r"[\s@/:?#%\\'=&,]+", pw)] if len(part) >= _MIN_PART)
     with _lock:
         _known.update(secrets)
 
