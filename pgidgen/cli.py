@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -12,9 +13,9 @@ import psycopg
 from . import __version__
 from .config import Config, load_config
 from .db import pg_message
-from .redact import scrub
 from .errors import ConfigError, PgidgenError
 from .layout import INSTAGRAM_EPOCH_MS, Layout, parse_epoch, parse_id
+from .redact import scrub
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 
@@ -371,8 +372,6 @@ def sandbox_up(count: int, directory: str, config_out: str, force: bool) -> None
     """Start throwaway servers db1..dbN and write a config pointing at them."""
     from .config import write_config
     from .sandbox import up
-
-    import os
 
     out = Path(config_out)
     if out.exists() and not force:
