@@ -57,8 +57,9 @@ def _bogus_port(rest: str) -> bool:
 
 
 def _last_at_password(dsn: str) -> str | None:
-    """The password the widest reading would see (everything between '://user:' and the last '@'): registered for
-    scrubbing even where _userinfo_end reads the '@' as a query's, so that no reading leaves a password shown."""
+    """The password the widest reading would see (everything between '://user:' and the last '@'): for a string
+    libpq cannot parse (whose pieces its messages quote), registered even where _userinfo_end reads that '@' as a
+    query value's."""
     m = _URI_RE.match(dsn)
     if not m:
         return None
