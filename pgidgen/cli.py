@@ -110,8 +110,8 @@ def report(outcomes: list[Any], as_json: bool) -> None:
             if o.error:
                 line += f": {o.error}"
             click.echo(line)
-    failed = [o.database for o in outcomes if not o.ok]
-    if failed:
+    failed = [o.database for o in outcomes if not o.ok and o.error]  # not those rolled back because another failed
+    if any(not o.ok for o in outcomes):
         raise click.ClickException(f"{len(failed)} of {len(outcomes)} databases failed ({', '.join(failed)}); the others are as reported above")
 
 

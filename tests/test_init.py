@@ -151,27 +151,34 @@ def test_sql_checks_the_argument_order_like_init(tmp_path: Path, config: Config)
     assert shards_in(config.dsn("db1")) == []
 
 def test_grant_on_existing_shards_narrows_older_grants(config: Config) -> None:
-    """init --grant on a database whose shards exist: they get the grants too, and an older, wider grant
-    (USAGE on the offset, which allows nextval on it) is taken back."""
+    """init --grant on a database whose shards exist: they get the grants too, and older, wider rights are taken
+    back: USAGE on the offset (nextval on it), UPDATE on either sequence (setval) from a GRANT or from default
+    privileges, write access to the catalog (a review found default privileges left the role able to setval)."""
     with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
         conn.execute("DROP ROLE IF EXISTS pgidgen_old_app")
         conn.execute("CREATE ROLE pgidgen_old_app LOGIN")
+        conn.execute("ALTER DEFAULT PRIVILEGES GRANT ALL ON SEQUENCES TO pgidgen_old_app")
+        conn.execute("ALTER DEFAULT PRIVILEGES GRANT ALL ON TABLES TO pgidgen_old_app")
     try:
         init(config, 2, ["db1"])
         with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
-            conn.execute("GRANT USAGE, SELECT ON SEQUENCE shard_1.pgidgen_offset TO pgidgen_old_app")
+            conn.execute("GRANT USAGE, SELECT, UPDATE ON SEQUENCE shard_1.pgidgen_offset TO pgidgen_old_app")
         outcomes = init(config, 2, ["db1"], grant_roles=["pgidgen_old_app"])
         assert all(o.ok for o in outcomes)
         with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
             for shard in (0, 1):
-                assert conn.execute(f"SELECT has_sequence_privilege('pgidgen_old_app', 'shard_{shard}.pgidgen_offset', 'USAGE'),"
-                                    f" has_sequence_privilege('pgidgen_old_app', 'shard_{shard}.pgidgen_offset', 'SELECT')").fetchone() == (False, True)
+                for seq, rights in (("pgidgen_offset", (False, True, False)), ("pgidgen_counter", (True, True, False))):
+                    assert conn.execute(f"SELECT has_sequence_privilege('pgidgen_old_app', 'shard_{shard}.{seq}', 'USAGE'),"
+                                        f" has_sequence_privilege('pgidgen_old_app', 'shard_{shard}.{seq}', 'SELECT'),"
+                                        f" has_sequence_privilege('pgidgen_old_app', 'shard_{shard}.{seq}', 'UPDATE')").fetchone() == rights, (shard, seq)
+            assert conn.execute("SELECT has_table_privilege('pgidgen_old_app', 'pgidgen.shards', 'UPDATE'),"
+                                " has_table_privilege('pgidgen_old_app', 'pgidgen.shards', 'SELECT')").fetchone() == (False, True)
             conn.execute("SET ROLE pgidgen_old_app")
             assert conn.execute("SELECT pgidgen.shard_of(shard_1.next_id())").fetchone()[0] == 1
             conn.execute("RESET ROLE")
-            conn.execute("DROP OWNED BY pgidgen_old_app")
     finally:
         with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
+            conn.execute("DROP OWNED BY pgidgen_old_app")  # default privileges too
             conn.execute("DROP ROLE IF EXISTS pgidgen_old_app")
 
 
