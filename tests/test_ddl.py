@@ -348,3 +348,40 @@ def test_ctrl_c_during_commit_every_commits_no_more_batches(config: Config, conf
     for n in names:
         assert after[n] - at_signal[n] <= 20, (at_signal, after)  # at most the batch that was committing then
         assert after[n] < 600, after
+
+
+def test_drift_sees_composite_types_sql_bodies_and_switches(sharded: Config, config_file: Path, tmp_path: Path) -> None:
+    """Drift a review found unseen: an attribute added to a composite type, a BEGIN ATOMIC function body (prosrc is
+    empty for those), a disabled trigger, row level security, SECURITY DEFINER, a domain default, a column
+    collation. Each is made in one shard only, then found; the shards made alike again report no drift."""
+    ddl = tmp_path / "kinds.sql"
+    ddl.write_text(
+        "CREATE TYPE pair AS (a int, b int);\n"
+        "CREATE DOMAIN positive AS int CHECK (VALUE > 0);\n"
+        "CREATE TABLE notes (id bigint PRIMARY KEY DEFAULT next_id(), body text, n positive);\n"
+        "CREATE FUNCTION note_count() RETURNS bigint LANGUAGE sql BEGIN ATOMIC SELECT count(*) FROM notes; END;\n"
+        "CREATE FUNCTION touch() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$;\n"
+        "CREATE TRIGGER notes_touch BEFORE INSERT ON notes FOR EACH ROW EXECUTE FUNCTION touch();\n"
+    )
+    assert cli(config_file, "apply-ddl", str(ddl)).exit_code == 0
+    assert cli(config_file, "status", "--drift").exit_code == 0
+    changes = [
+        ("ALTER TYPE shard_3.pair ADD ATTRIBUTE c int", "ALTER TYPE shard_3.pair DROP ATTRIBUTE c"),
+        ("CREATE OR REPLACE FUNCTION shard_3.note_count() RETURNS bigint LANGUAGE sql SET search_path = shard_3, pg_catalog, pg_temp"
+         " BEGIN ATOMIC SELECT 42::bigint; END", "original"),
+        ("ALTER TABLE shard_3.notes DISABLE TRIGGER notes_touch", "ALTER TABLE shard_3.notes ENABLE TRIGGER notes_touch"),
+        ("ALTER TABLE shard_3.notes ENABLE ROW LEVEL SECURITY", "ALTER TABLE shard_3.notes DISABLE ROW LEVEL SECURITY"),
+        ("ALTER FUNCTION shard_3.touch() SECURITY DEFINER", "ALTER FUNCTION shard_3.touch() SECURITY INVOKER"),
+        ("ALTER DOMAIN shard_3.positive SET DEFAULT 5", "ALTER DOMAIN shard_3.positive DROP DEFAULT"),
+        ('ALTER TABLE shard_3.notes ALTER body TYPE text COLLATE "C"', 'ALTER TABLE shard_3.notes ALTER body TYPE text COLLATE "default"'),
+    ]
+    with psycopg.connect(sharded.databases["db2"], autocommit=True) as conn:
+        original = conn.execute("SELECT pg_get_functiondef('shard_3.note_count'::regproc)").fetchone()[0]
+        for change, undo in changes:
+            undo = original if undo == "original" else undo
+            conn.execute(change)
+            res = cli(config_file, "status", "--drift")
+            assert res.exit_code == 1 and "DRIFT: shards 3 (db2) differ" in res.output, (change, res.output)
+            conn.execute(undo)
+            res = cli(config_file, "status", "--drift")
+            assert res.exit_code == 0, (undo, res.output)

@@ -29,15 +29,20 @@ WITH s AS (
 ), items AS (
     SELECT s.shard, 'relation ' || c.relname || ' (' || c.relkind::text || ')' AS item
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
-    WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f') AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset')
+    WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c') AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset')
+  UNION ALL
+    SELECT s.shard, 'row level security on ' || c.relname || CASE WHEN c.relforcerowsecurity THEN ' (forced)' ELSE '' END
+    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relrowsecurity
   UNION ALL
     SELECT s.shard, 'column ' || c.relname || '.' || a.attname || ' ' || pg_catalog.format_type(a.atttypid, a.atttypmod)
         || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
         || coalesce(' default ' || {default}, '')
+        || CASE WHEN a.attcollation <> ty.typcollation THEN ' collate ' || coalesce((SELECT collname FROM pg_catalog.pg_collation WHERE oid = a.attcollation), '?') ELSE '' END
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
     JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+    JOIN pg_catalog.pg_type ty ON ty.oid = a.atttypid
     LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
-    WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')
+    WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f', 'c')
   UNION ALL
     SELECT s.shard, 'index ' || {indexdef}
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relkind IN ('i', 'I')
@@ -46,7 +51,7 @@ WITH s AS (
     FROM s JOIN pg_catalog.pg_constraint co ON co.connamespace = s.nsp
     LEFT JOIN pg_catalog.pg_class c ON c.oid = co.conrelid
   UNION ALL
-    SELECT s.shard, 'trigger ' || {trigdef}
+    SELECT s.shard, 'trigger ' || {trigdef} || ' ' || t.tgenabled::text
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
     JOIN pg_catalog.pg_trigger t ON t.tgrelid = c.oid AND NOT t.tgisinternal
   UNION ALL
@@ -54,12 +59,13 @@ WITH s AS (
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relkind IN ('v', 'm')
   UNION ALL
     SELECT s.shard, 'function ' || p.proname || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ') '
-        || pg_catalog.md5({prosrc})
+        || pg_catalog.md5({prosrc}) || CASE WHEN p.prosecdef THEN ' security definer' ELSE '' END || ' ' || p.provolatile::text
     FROM s JOIN pg_catalog.pg_proc p ON p.pronamespace = s.nsp
     WHERE p.proname NOT IN ('next_id', 'pgidgen_locked_next_id')
   UNION ALL
     SELECT s.shard, 'type ' || t.typname || ' (' || t.typtype::text || ')'
         || coalesce(' ' || (SELECT string_agg(e.enumlabel::text, ',' ORDER BY e.enumsortorder) FROM pg_catalog.pg_enum e WHERE e.enumtypid = t.oid), '')
+        || coalesce(' default ' || t.typdefault, '')
     FROM s JOIN pg_catalog.pg_type t ON t.typnamespace = s.nsp AND t.typtype IN ('e', 'd', 'r')
 )
 """.format(
@@ -69,7 +75,7 @@ WITH s AS (
     condef=_N.format(x="pg_catalog.pg_get_constraintdef(co.oid)"),
     trigdef=_N.format(x="pg_catalog.pg_get_triggerdef(t.oid)"),
     viewdef=_N.format(x="pg_catalog.pg_get_viewdef(c.oid)"),
-    prosrc=_N.format(x="coalesce(p.prosrc, '')")
+    prosrc=_N.format(x="coalesce(p.prosrc, '') || coalesce(pg_catalog.pg_get_function_sqlbody(p.oid), '')")
     + " || replace(coalesce(pg_catalog.array_to_string(p.proconfig, ','), ''), 'search_path=' || s.nspname || ',', 'search_path=shard_N,')",
 )
 
