@@ -253,7 +253,7 @@ def test_commit_every_resumes_where_it_stopped(sharded: Config, config_file: Pat
     assert res.exit_code == 1
     assert res.output.splitlines() == [
         "db1: applied schema.sql (#1) to 2 shards (0-1)",
-        'db2: failed: database db2 failed in one of shard 3: relation "likes" already exists [SQLSTATE 42P07]: '
+        'db2: failed: database db2 failed in shard_3 at statement 3 (CREATE TABLE) of schema.sql:8:1: relation "likes" already exists [SQLSTATE 42P07]: '
         "shards 2 of db2 were committed before; the other databases went on: fix the cause and run apply-ddl again, "
         "it resumes where it stopped; `pgidgen status --drift` shows how those shards differ",
         "db3: applied schema.sql (#1) to 2 shards (4-5)",
@@ -385,3 +385,19 @@ def test_drift_sees_composite_types_sql_bodies_and_switches(sharded: Config, con
             conn.execute(undo)
             res = cli(config_file, "status", "--drift")
             assert res.exit_code == 0, (undo, res.output)
+
+
+def test_a_failure_past_a_databases_first_shard_names_shard_and_statement(sharded: Config, config_file: Path, tmp_path: Path) -> None:
+    """Only a database's first shard runs statement by statement; the others run in batches, whose failure named
+    only the batch's range (a review). The failing batch is run again shard by shard to name it."""
+    first = tmp_path / "first.sql"
+    first.write_text("CREATE TABLE marks (id bigint PRIMARY KEY DEFAULT next_id(), m int);\n")
+    assert cli(config_file, "apply-ddl", str(first)).exit_code == 0
+    execute(sharded, "db2", "ALTER TABLE shard_3.marks DROP COLUMN m")  # db2 holds shards 2-3: 3 runs in a batch
+    second = tmp_path / "second.sql"
+    second.write_text("CREATE TABLE notes (id bigint PRIMARY KEY DEFAULT next_id());\nCREATE INDEX ON marks (m);\n")
+    res = cli(config_file, "apply-ddl", str(second))
+    assert res.exit_code == 1
+    assert ('db2: failed, rolled back: database db2 failed in shard_3 at statement 2 (CREATE INDEX) of second.sql:2:1:'
+            ' column "m" does not exist') in res.output, res.output
+    assert tables(sharded, "db2", 2) == tables(sharded, "db1", 0) == ["marks"]  # nothing of second.sql anywhere
