@@ -7,6 +7,7 @@ from typing import Any
 
 import psycopg
 
+from .idgen import CATALOG_REVISION_SQL
 from .layout import Layout
 
 SHARD_SCHEMA_RE = re.compile(r"^shard_(0|[1-9][0-9]*)$")
@@ -67,10 +68,9 @@ def read_state(conn: psycopg.Connection[Any], *, schemas: bool = True) -> Catalo
     if not schemas:
         return st
     if st.has_catalog:  # what init, map and moves need, not a router's map reload
-        rev = conn.execute("SELECT substring(obj_description(to_regprocedure('pgidgen.min_id(timestamptz)'), 'pg_proc')"
-                           " FROM 'revision ([0-9]+)'), to_regclass('pgidgen.moves') IS NOT NULL").fetchone()
+        rev = conn.execute(f"SELECT {CATALOG_REVISION_SQL}, to_regclass('pgidgen.moves') IS NOT NULL").fetchone()
         assert rev is not None
-        st.catalog_revision = int(rev[0]) if rev[0] else 1
+        st.catalog_revision = int(rev[0])
         if rev[1]:
             st.open_moves = {int(r[0]): (str(r[1]), str(r[2]), str(r[3])) for r in conn.execute(
                 "SELECT shard, source, target, step FROM pgidgen.moves WHERE status IN ('running', 'failed')")}

@@ -32,6 +32,9 @@ def schema_name(shard: int) -> str:
 #: pgidgen.min_id(): init and move-shard bring an older catalog up to it (all of it is safe to run again), so fixes
 #: to the functions reach databases initialised before them. 1: no comment (before the first fix needing it).
 CATALOG_REVISION = 2
+#: The installed catalog's revision, as a SQL expression (1 when the comment is missing).
+CATALOG_REVISION_SQL = ("coalesce(substring(obj_description(to_regprocedure('pgidgen.min_id(timestamptz)'), 'pg_proc')"
+                        " FROM 'revision ([0-9]+)')::int, 1)")
 
 
 def render_catalog(layout: Layout, *, shard_count: int, generator: str = DEFAULT_GENERATOR) -> str:

@@ -24,7 +24,7 @@ from .. import redact
 from ..db import connect, execute_script, pg_message, scrub, tool_args
 from ..errors import ConflictError, DatabaseError, PgidgenError
 from ..ddl.ledger import DDL_LOCK, ledger_copy_sql
-from ..idgen import CATALOG_REVISION, INIT_LOCK, LOCK_CLASS, check_argument_order, render_catalog
+from ..idgen import CATALOG_REVISION, CATALOG_REVISION_SQL, INIT_LOCK, LOCK_CLASS, check_argument_order, render_catalog
 from ..layout import Layout
 from ..render import static_sql
 from . import sqltext as q
@@ -251,7 +251,7 @@ def ensure_catalog(conn: psycopg.Connection[Any], name: str, config: Config, *, 
     CATALOG_REVISION), or install one on an empty target."""
     have = conn.execute(
         "SELECT to_regclass('pgidgen.layout') IS NOT NULL, to_regclass('pgidgen.move_heartbeat') IS NOT NULL,"
-        " coalesce(substring(obj_description(to_regprocedure('pgidgen.min_id(timestamptz)'), 'pg_proc') FROM 'revision ([0-9]+)')::int, 1)"
+        f" {CATALOG_REVISION_SQL}"
     ).fetchone()
     assert have is not None
     if have[0] and have[1] and have[2] >= CATALOG_REVISION:
