@@ -30,9 +30,40 @@ def pg_message(e: BaseException) -> str:
     return scrub(text)
 
 
-def connect(name: str, dsn: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
+#: pgidgen's own sessions do long work (init over thousands of shards, a shard's copy, a verification scan) and
+#: wait idle while other connections work (a move's admin connection during the copy): a database's or role's
+#: statement_timeout or idle timeouts, often set as a safety net for applications, must not cut them off halfway
+#: (pg_dump does the same). Sent with the connection request (options), so they hold from its first moment;
+#: idle_session_timeout (PostgreSQL 14+, unknown to 13, where options naming it would fail the connection) is
+#: set right after. Locks keep the server's lock_timeout; the move's own lock waits set theirs.
+SESSION_OPTIONS = "-c statement_timeout=0 -c idle_in_transaction_session_timeout=0"
+
+
+def _options(dsn: str) -> str:
+    """SESSION_OPTIONS after the options the connection string (or PGOPTIONS) gives: later settings win."""
     try:
-        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT, application_name="pgidgen", **kwargs)
+        given = psycopg.conninfo.conninfo_to_dict(dsn).get("options")
+    except psycopg.ProgrammingError:
+        given = None
+    given = given if given is not None else os.environ.get("PGOPTIONS", "")
+    return f"{given} {SESSION_OPTIONS}".strip()
+
+
+def session_conninfo(dsn: str, server_version: int) -> str:
+    """dsn with pgidgen's session settings in its options, for a connection another server makes for pgidgen
+    (a subscription's to the source: its start runs queries there)."""
+    try:
+        given = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
+    except psycopg.ProgrammingError:
+        return dsn
+    extra = SESSION_OPTIONS + (" -c idle_session_timeout=0" if server_version >= 140000 else "")
+    return psycopg.conninfo.make_conninfo(dsn, options=f"{given} {extra}".strip())
+
+
+def connect(name: str, dsn: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
+    kwargs["options"] = _options(dsn)
+    try:
+        conn = psycopg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT, application_name="pgidgen", **kwargs)
     except psycopg.OperationalError as e:
         raise DatabaseError(
             f"cannot connect to database {name} ({describe_dsn(dsn)}): {pg_message(e)}",
@@ -41,6 +72,20 @@ def connect(name: str, dsn: str, *, autocommit: bool = False, **kwargs: Any) -> 
     except psycopg.ProgrammingError as e:  # libpq quotes what it could not use: scrubbed of the registered passwords
         raise DatabaseError(f"database {name} has an invalid connection string: {pg_message(e)}",
                             hint="fix it where it comes from (the config, or the environment variable it names)") from None
+    try:
+        own_session(conn)
+    except psycopg.Error as e:
+        conn.close()
+        raise translate(name, e, doing="setting up its session") from None
+    return conn
+
+
+def own_session(conn: psycopg.Connection[Any]) -> None:
+    """The settings of SESSION_OPTIONS on conn again (after a RESET ALL), and idle_session_timeout off."""
+    conn.execute("SELECT pg_catalog.set_config('statement_timeout', '0', false), pg_catalog.set_config('idle_in_transaction_session_timeout', '0', false)"
+                 + (", pg_catalog.set_config('idle_session_timeout', '0', false)" if conn.info.server_version >= 140000 else ""))
+    if not conn.autocommit:
+        conn.commit()
 
 
 def translate(name: str, e: psycopg.Error, *, doing: str) -> DatabaseError:
@@ -169,16 +214,16 @@ def _interrupted_message(names: Sequence[str]) -> str:
 
 def tool_args(dsn: str) -> tuple[str, dict[str, str]]:
     """A connection string for a client program (pg_dump, psql) with its password moved to PGPASSWORD, so the
-    password never shows in the process list: (dsn, environment)."""
+    password never shows in the process list, and pgidgen's session settings in its options: (dsn, environment)."""
     env = dict(os.environ)
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         return dsn, env
     password = params.pop("password", None)
-    if password is None:
-        return dsn, env
-    env["PGPASSWORD"] = str(password)
+    if password is not None:
+        env["PGPASSWORD"] = str(password)
+    params["options"] = _options(psycopg.conninfo.make_conninfo(**params))
     return psycopg.conninfo.make_conninfo(**params), env
 
 

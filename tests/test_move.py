@@ -765,3 +765,28 @@ def test_a_shard_whose_tables_use_catalog_objects_moves_to_a_target_without_cata
     with psycopg.connect(config.dsn("db3")) as c:
         assert c.execute("SELECT count(*) FROM pg_constraint WHERE conname = 'id_of_shard_1'").fetchone()[0] == 1
     assert leftovers(config.databases) == []
+
+
+def test_database_timeouts_set_for_applications_do_not_cut_a_move_short(config: Config) -> None:
+    """statement_timeout and the idle timeouts are often set per database as a safety net for applications;
+    pgidgen's own sessions (the copy's streams, the verification, the admin connection waiting while the copy
+    runs) turn them off, as pg_dump does, on the source and the target alike."""
+    setup_shards(config, rows=20000)
+    for name in ("db1", "db3"):
+        with psycopg.connect(config.dsn(name), autocommit=True) as c:
+            db = c.info.dbname
+            c.execute(f'ALTER DATABASE "{db}" SET statement_timeout = 1')
+            c.execute(f'ALTER DATABASE "{db}" SET idle_in_transaction_session_timeout = 1')
+            c.execute(f'ALTER DATABASE "{db}" SET idle_session_timeout = 20')
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:  # armed: a scan of the shard is cut short
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            c.execute("SELECT count(*) FROM shard_1.t a, shard_1.t b WHERE a.v = b.v")
+    report = move_shard(config, 1, "db3")
+    assert report.status == "done" and report.verification is not None and report.verification.ok
+    assert verify_move(config, 1).ok
+    for name in ("db1", "db3"):  # the checks below are the test's own sessions
+        with psycopg.connect(config.dsn(name), autocommit=True, options="-c statement_timeout=0 -c idle_session_timeout=0") as c:
+            c.execute(f'ALTER DATABASE "{c.info.dbname}" RESET ALL')
+    assert state_of(config.dsn("db3"), 1) == ("active", "shard_1")
+    assert rows_of(config.dsn("db3"), "shard_1") == rows_of(config.dsn("db1"), report.retired_schema or "")
+    assert leftovers(config.databases) == []

@@ -21,7 +21,7 @@ import psycopg
 
 from ..config import Config
 from .. import redact
-from ..db import connect, execute_script, pg_message, scrub, tool_args
+from ..db import connect, execute_script, own_session, session_conninfo, pg_message, scrub, tool_args
 from ..errors import ConflictError, DatabaseError, PgidgenError
 from ..ddl.ledger import DDL_LOCK, ledger_copy_sql
 from ..idgen import CATALOG_REVISION, CATALOG_REVISION_SQL, INIT_LOCK, LOCK_CLASS, check_argument_order, render_catalog
@@ -523,8 +523,13 @@ class Mover:
                 hint="create the roles the shard's objects belong to on the target, then --resume" if getattr(e, "sqlstate", "") == "42704" else self._next_hint("schema"),
             ) from None
         finally:
-            self.tgt.execute("RESET ALL")
-            self.tgt.execute("SET search_path TO DEFAULT")
+            self._reset_target()
+
+    def _reset_target(self) -> None:
+        """The target connection's settings back to pgidgen's session after a restore script changed them."""
+        self.tgt.execute("RESET ALL")
+        self.tgt.execute("SET search_path TO DEFAULT")
+        own_session(self.tgt)
 
     def step_publication(self) -> None:
         if self.admin.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.names.publication,)).fetchone():
@@ -536,7 +541,7 @@ class Mover:
     def step_subscription(self) -> None:
         row = self.tgt.execute("SELECT oid FROM pg_subscription WHERE subname = %s", (self.names.subscription,)).fetchone()
         if row is None:
-            conninfo = self.opts.subscription_conninfo or self.config.dsn(self.ctx.source)
+            conninfo = session_conninfo(self.opts.subscription_conninfo or self.config.dsn(self.ctx.source), self.admin.info.server_version)
             try:
                 # a failed statement is logged with its text, which holds the connection string: not this one
                 # (a superuser setting; CREATE SUBSCRIPTION needs one on PostgreSQL 15 anyway)
@@ -656,8 +661,7 @@ class Mover:
         finally:
             tr.close()
             if not self.tgt.closed and not self.tgt.broken:
-                self.tgt.execute("RESET ALL")
-                self.tgt.execute("SET search_path TO DEFAULT")
+                self._reset_target()
         if self.progress is not None:
             total = sum(t.est_rows for t in self.ctx.tables)
             self.progress(CopyProgress(len(self.ctx.tables), len(self.ctx.tables), total, total, tr.bytes, self._lag()))

@@ -118,7 +118,8 @@ SELECT EXISTS (SELECT FROM owner WHERE schema = %(schema)s)
 """
 
 #: The source side of a text-format row stream prints values the way pg_dump does, so any target reads them back.
-COPY_OUT_SETTINGS = ["SET DateStyle = 'ISO'", "SET IntervalStyle = 'postgres'", "SET extra_float_digits = 3"]
+COPY_OUT_SETTINGS = ["SET DateStyle = 'ISO'", "SET IntervalStyle = 'postgres'", "SET extra_float_digits = 3",
+                     "SET statement_timeout = 0", "SET idle_in_transaction_session_timeout = 0"]
 
 
 def _column_list(columns: Sequence[str]) -> str:
