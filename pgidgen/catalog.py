@@ -38,6 +38,12 @@ class CatalogState:
         return {s for s, st in self.shards.items() if st in ("active", "moving")}
 
 
+#: Which database a connection reached, whatever its config name or connection string (host alias, socket,
+#: settings): the server's start time and the database's OID.
+IDENTITY_SQL = ("SELECT extract(epoch FROM pg_postmaster_start_time())::text || '/' || d.oid AS identity"
+                " FROM pg_database d WHERE d.datname = current_database()")
+
+
 def read_state(conn: psycopg.Connection[Any], *, schemas: bool = True) -> CatalogState:
     """schemas=False skips the scan of shard schemas (shard_schemas, complete stay empty), the catalog revision and
     the move journal: what routers need, ~1 ms instead of ~100 ms for 2000 shards."""
@@ -45,8 +51,7 @@ def read_state(conn: psycopg.Connection[Any], *, schemas: bool = True) -> Catalo
     row = conn.execute(
         "SELECT n.oid, (SELECT c.oid FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'layout' AND c.relkind = 'r'),"
         " obj_description(n.oid, 'pg_namespace'), i.identity"
-        " FROM (SELECT extract(epoch FROM pg_postmaster_start_time())::text || '/' || d.oid AS identity"
-        " FROM pg_database d WHERE d.datname = current_database()) i"
+        f" FROM ({IDENTITY_SQL}) i"
         " LEFT JOIN pg_namespace n ON n.nspname = 'pgidgen'"
     ).fetchone()
     assert row is not None

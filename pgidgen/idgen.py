@@ -14,6 +14,9 @@ from .render import literal, render, static_sql
 LOCK_CLASS = 1885825380
 #: init's object in that class: not 0, which is shard 0's generator lock (its slow path would wait for init).
 INIT_LOCK = -1
+#: Held (session-level) on every configured database for a whole init run, so that two inits of one deployment,
+#: even on different databases, plan one after the other: each sees the shards the other made.
+INIT_RUN_LOCK = -2
 #: The generator templates; the layout and shard number are rendered into them.
 GENERATORS = {"seqlock": "generators/seqlock.sql.j2"}
 DEFAULT_GENERATOR = "seqlock"

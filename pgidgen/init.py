@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from .catalog import CatalogState, read_state
+import psycopg
+
+from .catalog import IDENTITY_SQL, CatalogState, read_state
 from .config import Config
 from .ddl.ledger import read_history, replay_for_new_shards
-from .db import Outcome, each_database, execute_script, read_each, transaction
+from .db import Outcome, connect, each_database, execute_script, read_each, transaction
 from .errors import ConfigError, ConflictError, DatabaseError, PgidgenError
-from .idgen import CATALOG_REVISION, DEFAULT_GENERATOR, INIT_LOCK, LOCK_CLASS, check_argument_order, render_catalog, render_order_probe, render_catalog_grants, render_shard, render_shard_grants, schema_name
+from .idgen import CATALOG_REVISION, DEFAULT_GENERATOR, INIT_LOCK, INIT_RUN_LOCK, LOCK_CLASS, check_argument_order, render_catalog, render_order_probe, render_catalog_grants, render_shard, render_shard_grants, schema_name
 from .layout import Layout, iso_ms
 from .ranges import collapse
 
@@ -125,6 +128,69 @@ def _describe(layout: Layout) -> str:
     return f"epoch {layout.epoch_ms}, {layout.time_bits}/{layout.shard_bits}/{layout.sequence_bits} bits"
 
 
+#: How long init waits for another init of the deployment to finish.
+RUN_PATIENCE = 120.0
+
+
+@contextmanager
+def one_init_at_a_time(config: Config, names: Sequence[str], *, patience: float | None = None) -> Iterator[None]:
+    """INIT_RUN_LOCK on every named database for the duration: all or none (a lock taken by another init is waited
+    for with all ours released, so two inits naming the databases in different orders cannot deadlock)."""
+    conns: dict[str, psycopg.Connection[Any]] = {}
+    wait = RUN_PATIENCE if patience is None else patience
+    deadline = time.monotonic() + wait
+    try:
+        for name in names:
+            conns[name] = connect(name, config.dsn(name), autocommit=True)
+        seen: set[str] = set()
+        distinct = []  # one database under two config names is locked once (plan_init then refuses the config)
+        for name in names:
+            row = conns[name].execute(IDENTITY_SQL).fetchone()
+            if row is None or row[0] not in seen:
+                distinct.append(name)
+                seen.add(row[0] if row else name)
+        while True:
+            held: list[str] = []
+            busy = None
+            for name in distinct:
+                if conns[name].execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, INIT_RUN_LOCK)).fetchone()[0]:  # type: ignore[index]
+                    held.append(name)
+                else:
+                    busy = name
+                    break
+            if busy is None:
+                break
+            for name in held:
+                conns[name].execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, INIT_RUN_LOCK))
+            if time.monotonic() >= deadline:
+                raise ConflictError(f"another pgidgen init is running on database {busy} (waited {wait:.0f} s)",
+                                    hint="let it finish, then run init again: it creates only what is still missing")
+            time.sleep(0.2)
+        yield
+    finally:
+        for conn in conns.values():
+            conn.close()  # ends the session: its locks go with it
+
+
+def check_grant_roles(config: Config, names: Sequence[str], roles: Sequence[str]) -> None:
+    """--grant is for application roles: granting to the role that owns pgidgen's objects (or runs init, which will
+    own them) would first revoke that role's own rights, the generator's slow path needs UPDATE on the offset."""
+    if not roles:
+        return
+
+    def owners(conn: psycopg.Connection[Any]) -> set[str]:
+        row = conn.execute("SELECT current_user::text, (SELECT pg_catalog.pg_get_userbyid(nspowner)::text FROM pg_catalog.pg_namespace WHERE nspname = 'pgidgen')").fetchone()
+        assert row is not None
+        return {str(r) for r in row if r is not None}
+
+    found, _ = read_each(config, list(names), owners)
+    for name, own in found.items():
+        for role in roles:
+            if role in own:
+                raise ConfigError(f"--grant {role}: {role} owns pgidgen's objects on database {name} (or runs this init), and has every right on them already",
+                                  hint="--grant is for the application's roles; run init as the owner and grant to the others")
+
+
 def plan_init(
     config: Config,
     shard_count: int,
@@ -177,7 +243,14 @@ def init(
 ) -> list[Outcome]:
     """Create what is missing; on_plan sees the plan before anything runs (to size a progress bar)."""
     names = config.select(list(databases) if databases else None)
+    with one_init_at_a_time(config, list(config.databases)):
+        return _init(config, shard_count, names, grant_roles=grant_roles, progress=progress, on_plan=on_plan)
+
+
+def _init(config: Config, shard_count: int, names: list[str], *, grant_roles: Sequence[str], progress: Progress | None,
+          on_plan: Callable[[InitPlan], None] | None) -> list[Outcome]:
     plan, states = plan_init(config, shard_count, names, grant_roles=grant_roles)
+    check_grant_roles(config, names, plan.grant_roles)
     history = read_history(config, list(config.databases)) if plan.total else {}
     if on_plan is not None:
         on_plan(plan)

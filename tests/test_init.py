@@ -334,3 +334,57 @@ def test_an_older_catalog_is_upgraded_by_init_and_by_a_move(config: Config, conf
         c.execute("CREATE TABLE shard_3.t (id bigint PRIMARY KEY DEFAULT shard_3.next_id())")
     move_shard(config, 3, "db1")  # the source's catalog is brought up to date first
     assert is_current("db2")
+
+
+def test_grant_to_the_role_that_owns_the_objects_is_refused(config: Config) -> None:
+    """Its own rights would be revoked first: next_id()'s slow path (UPDATE on the offset) and apply-ddl would
+    stop working for it. Refused before anything is written."""
+    from pgidgen.errors import ConfigError
+
+    with psycopg.connect(config.dsn("db1")) as conn:
+        me = conn.execute("SELECT current_user").fetchone()[0]
+    with pytest.raises(ConfigError, match=f"--grant {me}: {me} owns pgidgen's objects on database db1"):
+        init(config, 4, ["db1"], grant_roles=[me])
+    assert schemas_in(config.dsn("db1")) == set()
+    init(config, 4, ["db1"])
+    with pytest.raises(ConfigError, match="has every right on them already"):
+        init(config, 4, ["db1"], grant_roles=["pg_monitor", me])
+    with psycopg.connect(config.dsn("db1")) as conn:
+        assert conn.execute("SELECT has_sequence_privilege(%s, 'shard_1.pgidgen_offset', 'UPDATE')", (me,)).fetchone()[0]
+
+
+def test_two_inits_on_different_databases_at_once_create_each_shard_once(config: Config) -> None:
+    """Each init plans from every configured database; run at the same moment, both used to find no shard
+    anywhere and make all of them (two generators per shard: duplicate IDs). They now take turns."""
+    import threading
+
+    results: dict[str, object] = {}
+    go = threading.Barrier(2)
+
+    def run(name: str) -> None:
+        go.wait()
+        results[name] = init(config, 40, [name])
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in ("db1", "db2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert set(results) == {"db1", "db2"}
+    one, two = shards_in(config.dsn("db1")), shards_in(config.dsn("db2"))
+    assert sorted(one + two) == list(range(40)), (one, two)
+    assert {len(one), len(two)} == {0, 40}  # whoever came second found every shard made
+
+
+def test_an_init_running_elsewhere_is_waited_for_then_named(config: Config) -> None:
+    from pgidgen.errors import ConflictError
+    from pgidgen.idgen import INIT_RUN_LOCK, LOCK_CLASS
+    from pgidgen.init import one_init_at_a_time
+
+    with psycopg.connect(config.dsn("db2"), autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, INIT_RUN_LOCK))
+        with pytest.raises(ConflictError, match="another pgidgen init is running on database db2"):
+            with one_init_at_a_time(config, ["db1", "db2"], patience=0.5):
+                pass
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as c:  # db1's lock was given back while waiting
+            assert c.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, INIT_RUN_LOCK)).fetchone()[0]
