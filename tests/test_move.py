@@ -790,3 +790,45 @@ def test_database_timeouts_set_for_applications_do_not_cut_a_move_short(config: 
     assert state_of(config.dsn("db3"), 1) == ("active", "shard_1")
     assert rows_of(config.dsn("db3"), "shard_1") == rows_of(config.dsn("db1"), report.retired_schema or "")
     assert leftovers(config.databases) == []
+
+
+def test_objects_outside_the_shard_that_depend_on_it_stop_the_move_and_the_cleanup(config: Config) -> None:
+    """A view, a foreign key or a column default outside the shard cannot follow it; the move used to leave them
+    bound to the retired copy, and --cleanup's DROP SCHEMA ... CASCADE then dropped them silently (found by a
+    review)."""
+    setup_shards(config, rows=10)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("CREATE VIEW public.notes AS SELECT note FROM shard_1.t")
+        c.execute("CREATE TABLE public.audit (id bigint PRIMARY KEY DEFAULT shard_1.next_id(), t_id bigint REFERENCES shard_1.t (id))")
+    for dry_run in (True, False):
+        with pytest.raises(MoveError, match=r"objects outside shard_1 on db1 depend on it and cannot move with it: .*view public\.notes"):
+            if dry_run:
+                from pgidgen.move import plan_move
+                plan_move(config, 1, "db3")
+            else:
+                move_shard(config, 1, "db3")
+    assert state_of(config.dsn("db1"), 1) == ("active", "shard_1") and leftovers(config.databases) == []
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("DROP VIEW public.notes")
+        c.execute("DROP TABLE public.audit")
+    report = move_shard(config, 1, "db3")
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:  # made later, on the retired copy
+        c.execute(f"CREATE VIEW public.kept AS SELECT count(*) FROM {report.retired_schema}.t")
+    with pytest.raises(MoveError, match=r"objects outside db1\.shard_1_moved_\w+ depend on it: view public\.kept"):
+        cleanup(config, 1)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        assert c.execute("SELECT * FROM public.kept").fetchone()[0] == 10
+        c.execute("DROP VIEW public.kept")
+    assert cleanup(config, 1).dropped == [f"db1.{report.retired_schema}"]
+
+
+def test_drop_source_drops_only_the_moves_own_copy(config: Config) -> None:
+    """An older retired copy (perhaps kept for repair) stays: --drop-source used to drop every retired copy of the
+    shard and name only one (found by a review)."""
+    setup_shards(config, rows=10)
+    first = move_shard(config, 1, "db2")
+    second = move_shard(config, 1, "db3", options=MoveOptions(drop_source=True))
+    assert second.notes[-1].startswith("dropped the source copy db2.shard_1_moved_")
+    assert state_of(config.dsn("db1"), 1) == ("retired", first.retired_schema)
+    assert state_of(config.dsn("db2"), 1) is None
+    assert len(rows_of(config.dsn("db1"), first.retired_schema or "")) == 10

@@ -8,7 +8,7 @@ from ..config import Config
 from ..db import connect
 from ..errors import ConflictError
 from . import sqltext as q
-from .context import MoveError, read_states
+from .context import MoveError, describe_dependents, outside_dependents, read_states
 from .journal import MoveRecord, has_journal, open_move
 from .verify import Verification, compare
 
@@ -22,10 +22,12 @@ class CleanupReport:
         return {"shard": self.shard, "dropped": self.dropped}
 
 
-def cleanup(config: Config, shard: int) -> CleanupReport:
-    """Drop the retired (renamed, read-only) copies of shard, but never the only copy and never mid-move."""
+def cleanup(config: Config, shard: int, *, only: tuple[str, str] | None = None) -> CleanupReport:
+    """Drop the retired (renamed, read-only) copies of shard, but never the only copy, never mid-move, and never
+    objects outside the copy that depend on it. only=(database, schema): that copy alone (--drop-source: the
+    move's own; older copies, perhaps kept for repair, stay)."""
     states, down = read_states(config)
-    retired = [name for name, st in states.items() if st.shards.get(shard) == "retired"]
+    retired = [name for name, st in states.items() if st.shards.get(shard) == "retired" and (only is None or name == only[0])]
     active = [name for name, st in states.items() if st.shards.get(shard) == "active"]
     if not retired:
         raise MoveError(f"no database keeps a retired copy of shard {shard}", hint="nothing to clean up; see 'pgidgen map'")
@@ -44,8 +46,12 @@ def cleanup(config: Config, shard: int) -> CleanupReport:
                                 hint=f"resume or roll it back first: 'pgidgen move-shard --resume {shard}'")
             with conn.transaction():
                 row = conn.execute("SELECT schema_name FROM pgidgen.shards WHERE shard = %s AND state = 'retired' FOR UPDATE", (shard,)).fetchone()
-                if row is None:
+                if row is None or (only is not None and row[0] != only[1]):
                     continue
+                found = outside_dependents(conn, row[0])
+                if found:
+                    raise MoveError(f"objects outside {name}.{row[0]} depend on it: {describe_dependents(found)}",
+                                    hint="dropping the copy would drop them too: drop them or make them independent of it first, then --cleanup again")
                 conn.execute(f"DROP SCHEMA IF EXISTS {q.ident(row[0])} CASCADE")
                 conn.execute("DELETE FROM pgidgen.shards WHERE shard = %s AND state = 'retired'", (shard,))
                 if conn.execute("SELECT to_regclass('pgidgen.ddl_ledger') IS NOT NULL").fetchone()[0]:  # type: ignore[index]

@@ -16,6 +16,7 @@ from ..errors import ConfigError, ConflictError, DatabaseError, InputError
 from ..idgen import schema_name
 from ..layout import Layout
 from .journal import POINT_OF_NO_RETURN, lock_holder, open_move
+from . import sqltext as q
 
 
 class MoveError(DatabaseError):
@@ -269,6 +270,25 @@ def check_roles(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Co
             f"{'roles' if len(missing) > 1 else 'role'} {', '.join(missing)} of {ctx.schema} (owner or grantee of its objects on {ctx.source})"
             f" {'do' if len(missing) > 1 else 'does'} not exist on {ctx.target}",
             hint=f"create {'them' if len(missing) > 1 else 'it'} on {ctx.target} (roles belong to the server, not the database), then move",
+        )
+
+
+def outside_dependents(conn: psycopg.Connection[Any], schema: str) -> list[str]:
+    return [str(r[0]) for r in conn.execute(q.OUTSIDE_DEPENDENTS_SQL, {"schema": schema})]
+
+
+def describe_dependents(found: list[str]) -> str:
+    return "; ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+
+
+def check_outside_dependents(ctx: ShardContext, src: psycopg.Connection[Any]) -> None:
+    """Objects outside the shard's schema bound to it cannot move with it: after the flip they would stay on the
+    source, bound to the retired copy (a default drawing from its generator, a view reading its frozen rows)."""
+    found = outside_dependents(src, ctx.schema)
+    if found:
+        raise MoveError(
+            f"objects outside {ctx.schema} on {ctx.source} depend on it and cannot move with it: {describe_dependents(found)}",
+            hint="drop them or make them independent of the shard first (a shard's objects belong in its schema)",
         )
 
 

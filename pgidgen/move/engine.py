@@ -32,6 +32,7 @@ from .context import (
     MoveError,
     ShardContext,
     check_no_other_move,
+    check_outside_dependents,
     check_roles,
     check_servers,
     check_tables,
@@ -152,6 +153,7 @@ def move_shard(
         ctx.source_schema = ctx.schema
         ctx.tables, ctx.sequences = read_tables(admin, ctx.schema)
         check_tables(ctx, online=not opts.offline)
+        check_outside_dependents(ctx, admin)
         tgt = opening.result()
         check_roles(ctx, admin, tgt)
         if not opts.offline:
@@ -445,7 +447,7 @@ class Mover:
         if self.opts.drop_source and self.report.retired_schema:
             from .cleanup import cleanup
 
-            cleanup(self.config, self.ctx.shard)
+            cleanup(self.config, self.ctx.shard, only=(self.ctx.source, self.report.retired_schema))
             self.report.notes.append(f"dropped the source copy {self.ctx.source}.{self.report.retired_schema}")
             self.report.retired_schema = None
         return self.report

@@ -7,7 +7,7 @@ from typing import Sequence
 from ..config import Config
 from ..db import connect
 from . import sqltext as q
-from .context import check_roles, check_servers, check_tables, locate, read_tables
+from .context import check_outside_dependents, check_roles, check_servers, check_tables, locate, read_tables
 from .engine import MoveOptions
 from .sqltext import ColumnHash, PlannedStep
 from .transfer import TableCopy, plan_tables
@@ -22,6 +22,7 @@ def plan_move(config: Config, shard: int, target: str, *, options: MoveOptions |
         ctx.tables, ctx.sequences = read_tables(src, ctx.schema)
         columns = column_hashes(src, ctx.schema)
         check_tables(ctx, online=not opts.offline)
+        check_outside_dependents(ctx, src)
         tgt = connect(target, config.dsn(target), autocommit=True)
         try:
             check_roles(ctx, src, tgt)

@@ -94,28 +94,50 @@ def heartbeat_sql(token: str, beat: int) -> str:
     return f"INSERT INTO pgidgen.move_heartbeat (token, beat) VALUES ({literal(token)}, {beat});\n"
 
 
-#: Does any object of the shard's schema depend on an object of the pgidgen schema (pg_depend: column defaults,
-#: constraints, types, views, triggers, policies; not function bodies)? Only the catalog's objects' dependents are
-#: looked at; those without a schema of their own (defaults, rules, triggers, policies) count by their table's.
-DEPENDS_ON_CATALOG_SQL = """
-WITH ref (c, o) AS (
-    SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, oid FROM pg_catalog.pg_proc WHERE pronamespace = 'pgidgen'::pg_catalog.regnamespace
-    UNION ALL SELECT 'pg_catalog.pg_type'::pg_catalog.regclass, oid FROM pg_catalog.pg_type WHERE typnamespace = 'pgidgen'::pg_catalog.regnamespace
-    UNION ALL SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, oid FROM pg_catalog.pg_class WHERE relnamespace = 'pgidgen'::pg_catalog.regnamespace),
-dependent (classid, objid, objsubid) AS (
-    SELECT d.classid, d.objid, d.objsubid FROM pg_catalog.pg_depend d JOIN ref ON d.refclassid = ref.c AND d.refobjid = ref.o),
-owner (schema) AS (
-    SELECT coalesce((pg_catalog.pg_identify_object(classid, objid, objsubid)).schema, (
+#: The schema of a pg_depend dependent (classid, objid, objsubid): its own, or, for objects without one (column
+#: defaults, rules, triggers, policies), their table's.
+_OWNER_SCHEMA = """coalesce((pg_catalog.pg_identify_object(classid, objid, objsubid)).schema, (
         SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
         WHERE c.oid = CASE classid
             WHEN 'pg_catalog.pg_attrdef'::pg_catalog.regclass THEN (SELECT adrelid FROM pg_catalog.pg_attrdef WHERE oid = objid)
             WHEN 'pg_catalog.pg_rewrite'::pg_catalog.regclass THEN (SELECT ev_class FROM pg_catalog.pg_rewrite WHERE oid = objid)
             WHEN 'pg_catalog.pg_trigger'::pg_catalog.regclass THEN (SELECT tgrelid FROM pg_catalog.pg_trigger WHERE oid = objid)
             WHEN 'pg_catalog.pg_policy'::pg_catalog.regclass THEN (SELECT polrelid FROM pg_catalog.pg_policy WHERE oid = objid)
-        END))
-    FROM dependent)
-SELECT EXISTS (SELECT FROM owner WHERE schema = %(schema)s)
+        END))"""
+
+
+def _dependents_sql(schema_param: str, select: str) -> str:
+    """Over the dependents (pg_depend: column defaults, constraints, types, views, triggers, policies; not function
+    bodies) of the relations, types and functions of the schema named by schema_param, each with its schema."""
+    return f"""
+WITH ref (c, o) AS (
+    SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, oid FROM pg_catalog.pg_proc WHERE pronamespace = pg_catalog.to_regnamespace({schema_param})
+    UNION ALL SELECT 'pg_catalog.pg_type'::pg_catalog.regclass, oid FROM pg_catalog.pg_type WHERE typnamespace = pg_catalog.to_regnamespace({schema_param})
+    UNION ALL SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, oid FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.to_regnamespace({schema_param})),
+dependent (classid, objid, objsubid) AS (
+    SELECT DISTINCT d.classid, d.objid, d.objsubid FROM pg_catalog.pg_depend d JOIN ref ON d.refclassid = ref.c AND d.refobjid = ref.o
+    WHERE d.deptype IN ('n', 'a')),
+owner (classid, objid, objsubid, schema) AS (
+    SELECT classid, objid, objsubid, {_OWNER_SCHEMA} FROM dependent)
+{select}
 """
+
+
+#: Does any object of the shard's schema depend on an object of the pgidgen schema?
+DEPENDS_ON_CATALOG_SQL = _dependents_sql("'pgidgen'", "SELECT EXISTS (SELECT FROM owner WHERE schema = %(schema)s)")
+
+#: Objects outside a shard's schema that depend on it (a view over its tables, a foreign key or a column default
+#: elsewhere): they cannot follow the shard to another database, and DROP SCHEMA ... CASCADE would drop them.
+#: Membership of publications is not such an object.
+OUTSIDE_DEPENDENTS_SQL = _dependents_sql("%(schema)s", """SELECT DISTINCT (x).type || ' ' || (x).identity FROM (
+    SELECT pg_catalog.pg_identify_object(CASE WHEN r.rulename = '_RETURN' THEN 'pg_catalog.pg_class'::pg_catalog.regclass ELSE o.classid END,
+                                         coalesce(CASE WHEN r.rulename = '_RETURN' THEN r.ev_class END, o.objid),
+                                         CASE WHEN r.rulename = '_RETURN' THEN 0 ELSE o.objsubid END) AS x  -- a view, rather than its rule
+    FROM owner o LEFT JOIN pg_catalog.pg_rewrite r ON o.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND r.oid = o.objid
+    WHERE o.schema IS DISTINCT FROM %(schema)s
+      AND o.classid NOT IN ('pg_catalog.pg_publication_rel'::pg_catalog.regclass, pg_catalog.to_regclass('pg_catalog.pg_publication_namespace'))) d
+ORDER BY 1""")
+
 
 #: The source side of a text-format row stream prints values the way pg_dump does, so any target reads them back.
 COPY_OUT_SETTINGS = ["SET DateStyle = 'ISO'", "SET IntervalStyle = 'postgres'", "SET extra_float_digits = 3",
