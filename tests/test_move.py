@@ -832,3 +832,30 @@ def test_drop_source_drops_only_the_moves_own_copy(config: Config) -> None:
     assert state_of(config.dsn("db1"), 1) == ("retired", first.retired_schema)
     assert state_of(config.dsn("db2"), 1) is None
     assert len(rows_of(config.dsn("db1"), first.retired_schema or "")) == 10
+
+
+@pytest.mark.parametrize("ddl", [
+    "DROP INDEX shard_1.t_v",
+    "CREATE UNIQUE INDEX ON shard_1.tags (n)",
+    "ALTER TABLE shard_1.t ADD CONSTRAINT v_positive CHECK (v > 0)",
+    "ALTER TABLE shard_1.t ALTER COLUMN note SET DEFAULT 'x'",
+])
+def test_ddl_on_the_source_during_the_copy_stops_the_move_before_the_flip(config: Config, ddl: str) -> None:
+    """Only rows are replicated: an index, constraint or default changed on the source after the copy read its
+    schema would have been missing on the target, while the move said all was well (found by a review)."""
+    setup_shards(config, rows=5)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("CREATE INDEX t_v ON shard_1.t (v)")
+
+    def change(point: str) -> None:
+        if point == "cutover":
+            with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+                c.execute(ddl)
+
+    with pytest.raises(MoveError, match=r"the tables of shard_1 changed during the move \(only on db1: |the tables of shard_1 changed during the move \(only on db3: "):
+        move_shard(config, 1, "db3", hook=change)
+    assert state_of(config.dsn("db1"), 1) == ("moving", "shard_1")
+    report = rollback_move(config, 1)
+    assert report.status == "rolled_back" and state_of(config.dsn("db1"), 1) == ("active", "shard_1")
+    assert leftovers(config.databases) == []
+    assert move_shard(config, 1, "db3").status == "done"  # moved again, the change included

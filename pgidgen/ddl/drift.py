@@ -94,6 +94,21 @@ DETAIL_SQL = (
 )
 
 
+#: One schema's items by its name, whatever its state (a move compares the source's and the target's copy).
+SCHEMA_ITEMS_SQL = ITEMS_SQL.replace(
+    """    SELECT n.oid AS nsp, n.nspname, sh.shard
+    FROM pgidgen.shards sh JOIN pg_catalog.pg_namespace n ON n.nspname = sh.schema_name
+    WHERE sh.state IN ('active', 'moving') {filter}""",
+    """    SELECT n.oid AS nsp, n.nspname, 0 AS shard FROM pg_catalog.pg_namespace n WHERE n.nspname = %(schema)s""",
+) + "SELECT replace(i.item, s.nspname || '.', 'shard_N.') FROM items i JOIN s ON s.shard = i.shard"
+assert "%(schema)s" in SCHEMA_ITEMS_SQL
+
+
+def schema_items(conn: psycopg.Connection[Any], schema: str) -> set[str]:
+    """What status --drift compares, for one schema: its tables, columns, indexes, constraints, triggers, ..."""
+    return {str(r[0]) for r in conn.execute(SCHEMA_ITEMS_SQL, {"schema": schema})}
+
+
 @dataclass
 class DatabaseDrift:
     fingerprints: dict[int, str]

@@ -21,6 +21,7 @@ import psycopg
 
 from ..config import Config
 from .. import redact
+from ..ddl.drift import schema_items
 from ..db import connect, execute_script, own_session, session_conninfo, pg_message, scrub, tool_args
 from ..errors import ConflictError, DatabaseError, PgidgenError
 from ..ddl.ledger import DDL_LOCK, ledger_copy_sql
@@ -792,6 +793,7 @@ class Mover:
             src = connect(self.ctx.source, self.config.dsn(self.ctx.source))
             snap = connect(self.ctx.target, self.config.dsn(self.ctx.target))  # before the pause
         theirs = self._tables_as_they_stand(self.tgt, schema)  # the target's side, read before the pause
+        their_items = schema_items(self.tgt, schema) if not self.opts.offline else set()  # offline: post-data comes under the freeze
         committed = False
         try:
             t_start = time.perf_counter()
@@ -810,6 +812,8 @@ class Mover:
                     where=self.ctx.source, hint=f"tables created or dropped mid-move are not replicated: roll back with --rollback {shard} and move again",
                 )
             changed = self._changed_tables(mine, theirs)
+            if not changed and not self.opts.offline:
+                changed = self._changed_objects(schema_items(src, schema), their_items)
             if changed:
                 src.rollback()
                 raise MoveError(
@@ -885,6 +889,15 @@ class Mover:
         if not self.opts.offline:
             changed += [f"{name}: not the table the move publishes (created again?)" for name in sorted(mine) if not mine[name][1]]
         return changed
+
+    def _changed_objects(self, mine: set[str], theirs: set[str]) -> list[str]:
+        """Indexes, constraints, defaults, triggers, views, functions, types (what status --drift compares) that
+        differ: DDL on the source after the copy read its schema is not replicated."""
+        out = []
+        for side, items in ((self.ctx.source, sorted(mine - theirs)), (self.ctx.target, sorted(theirs - mine))):
+            if items:
+                out.append(f"only on {side}: {', '.join(items[:3])}" + (f" and {len(items) - 3} more" if len(items) > 3 else ""))
+        return out
 
     def _offline_copy(self) -> None:
         """Inside the freeze (no snapshot needed, nothing writes): the rows, then indexes and constraints."""
