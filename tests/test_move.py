@@ -206,12 +206,15 @@ def test_refusals_cli(config: Config, config_file: Path) -> None:
 def test_replica_identity_full_table_moves(config: Config) -> None:
     setup_shards(config, rows=5)
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
-        c.execute("CREATE TABLE shard_0.nokey (v int, doc json)")  # json: no hash function, checksummed as text
+        c.execute("CREATE TABLE shard_0.nokey (v int, doc jsonb)")
         c.execute("ALTER TABLE shard_0.nokey REPLICA IDENTITY FULL")
-        c.execute("INSERT INTO shard_0.nokey SELECT g, json_build_object('g', g) FROM generate_series(1, 7) g")
+        c.execute("INSERT INTO shard_0.nokey SELECT g, jsonb_build_object('g', g) FROM generate_series(1, 7) g")
+        c.execute("CREATE TABLE shard_0.docs (id int PRIMARY KEY, doc json)")  # json: no hash function, checksummed as text
+        c.execute("INSERT INTO shard_0.docs SELECT g, json_build_object('g', g) FROM generate_series(1, 7) g")
     report = move_shard(config, 0, "db3")
     assert report.verification is not None and report.verification.ok
     assert len(rows_of(config.dsn("db3"), "shard_0", "nokey")) == 7
+    assert len(rows_of(config.dsn("db3"), "shard_0", "docs")) == 7
 
 
 def test_types_of_the_shard_travel_as_text_and_built_in_ones_as_binary(config: Config) -> None:
@@ -859,3 +862,27 @@ def test_ddl_on_the_source_during_the_copy_stops_the_move_before_the_flip(config
     assert report.status == "rolled_back" and state_of(config.dsn("db1"), 1) == ("active", "shard_1")
     assert leftovers(config.databases) == []
     assert move_shard(config, 1, "db3").status == "done"  # moved again, the change included
+
+
+@pytest.mark.parametrize("setup,message", [
+    ("CREATE TABLE shard_1.j (a int, j json, pt point); ALTER TABLE shard_1.j REPLICA IDENTITY FULL",
+     r"table shard_1\.j has REPLICA IDENTITY FULL and column j, pt of a type without equality"),
+    ("CREATE TABLE shard_1.k (a int PRIMARY KEY, b int); ALTER TABLE shard_1.k REPLICA IDENTITY NOTHING",
+     r"table shard_1\.k has REPLICA IDENTITY NOTHING"),
+    ("CREATE FUNCTION shard_1.audit() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$;"
+     " CREATE TRIGGER audit AFTER INSERT ON shard_1.t FOR EACH ROW EXECUTE FUNCTION shard_1.audit();"
+     " ALTER TABLE shard_1.t ENABLE ALWAYS TRIGGER audit",
+     r"table shard_1\.t has trigger audit enabled ALWAYS or REPLICA"),
+])
+def test_tables_whose_changes_the_target_could_not_apply_are_refused_up_front(config: Config, setup: str, message: str) -> None:
+    """These used to pass the checks and stop the move at catch-up, with a slot holding WAL (found by a review);
+    a table of json under REPLICA IDENTITY FULL still moves when it has a primary key, and offline always."""
+    setup_shards(config, rows=5)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute(setup)
+        c.execute("CREATE TABLE shard_1.fine (id int PRIMARY KEY, j json, v int[], w jsonb); ALTER TABLE shard_1.fine REPLICA IDENTITY FULL")
+        c.execute("ALTER TABLE shard_1.fine REPLICA IDENTITY DEFAULT")
+    with pytest.raises(MoveError, match=message):
+        move_shard(config, 1, "db3")
+    assert state_of(config.dsn("db1"), 1) == ("active", "shard_1") and leftovers(config.databases) == []
+    assert move_shard(config, 1, "db3", options=MoveOptions(offline=True)).status == "done"

@@ -31,6 +31,8 @@ class TableInfo:
     identity: str
     est_rows: int
     bytes: int
+    unequal: tuple[str, ...] = ()  # with REPLICA IDENTITY FULL: columns whose type has no equality (json, point, ...)
+    replica_triggers: tuple[str, ...] = ()  # user triggers ENABLE ALWAYS or ENABLE REPLICA: they fire in the apply worker
 
 
 @dataclass
@@ -130,7 +132,8 @@ def locate(config: Config, shard: int, target: str) -> ShardContext:
 
 def read_tables(conn: psycopg.Connection[Any], schema: str) -> tuple[list[TableInfo], list[str]]:
     tables = [
-        TableInfo(name=r[0], persistence=r[1], identity_ok=bool(r[2]), identity=r[3], est_rows=int(r[4]), bytes=int(r[5]))
+        TableInfo(name=r[0], persistence=r[1], identity_ok=bool(r[2]), identity=r[3], est_rows=int(r[4]), bytes=int(r[5]),
+                  unequal=tuple(r[6] or ()), replica_triggers=tuple(r[7] or ()))
         for r in conn.execute(
             """
             SELECT c.relname, c.relpersistence,
@@ -141,7 +144,21 @@ def read_tables(conn: psycopg.Connection[Any], schema: str) -> tuple[list[TableI
                      ELSE false END,
                    CASE c.relreplident WHEN 'f' THEN 'full' WHEN 'i' THEN 'index' WHEN 'n' THEN 'nothing' ELSE 'primary key' END,
                    CASE WHEN c.reltuples < 0 THEN -1 ELSE c.reltuples::bigint END,
-                   pg_table_size(c.oid)
+                   pg_table_size(c.oid),
+                   CASE WHEN c.relreplident = 'f' THEN ARRAY(
+                       -- the apply worker finds a row by comparing every column with its type's equality (of its
+                       -- default btree or hash operator class; arrays: their element's)
+                       SELECT a.attname::text FROM pg_attribute a
+                       JOIN pg_type t0 ON t0.oid = a.atttypid
+                       JOIN pg_type t1 ON t1.oid = CASE WHEN t0.typtype = 'd' THEN t0.typbasetype ELSE t0.oid END
+                       JOIN pg_type t ON t.oid = CASE WHEN t1.typelem <> 0 AND t1.typlen = -1 THEN t1.typelem ELSE t1.oid END
+                       WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                         AND t.typtype NOT IN ('e', 'r', 'm', 'c', 'd', 'p')
+                         AND NOT EXISTS (SELECT FROM pg_opclass oc JOIN pg_am am ON am.oid = oc.opcmethod
+                                         WHERE oc.opcdefault AND oc.opcintype = t.oid AND am.amname IN ('btree', 'hash'))
+                       ORDER BY a.attnum) END,
+                   ARRAY(SELECT tg.tgname::text FROM pg_trigger tg WHERE tg.tgrelid = c.oid AND NOT tg.tgisinternal
+                         AND tg.tgenabled IN ('A', 'R') ORDER BY tg.tgname)
             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
             WHERE n.nspname = %s AND c.relkind = 'r'
             ORDER BY c.relname
@@ -177,6 +194,26 @@ def check_tables(ctx: ShardContext, *, online: bool) -> None:
             raise MoveError(
                 f"table {ctx.schema}.{t.name} is unlogged, which logical replication cannot copy",
                 hint="make it logged (ALTER TABLE ... SET LOGGED) or move the shard with --offline",
+            )
+        if t.identity == "nothing":
+            raise MoveError(
+                f"table {ctx.schema}.{t.name} has REPLICA IDENTITY NOTHING: updates and deletes on it cannot be replicated",
+                where=ctx.source,
+                hint=f"ALTER TABLE {ctx.schema}.{t.name} REPLICA IDENTITY DEFAULT (its primary key) or FULL, or move with --offline",
+            )
+        if t.unequal:
+            raise MoveError(
+                f"table {ctx.schema}.{t.name} has REPLICA IDENTITY FULL and column {', '.join(t.unequal)} of a type without equality,"
+                " so the target could not find the rows that updates and deletes change",
+                where=ctx.source,
+                hint="give the table a primary key (or a unique index as its replica identity), or move with --offline",
+            )
+        if t.replica_triggers:
+            raise MoveError(
+                f"table {ctx.schema}.{t.name} has trigger {', '.join(t.replica_triggers)} enabled ALWAYS or REPLICA: on the target's"
+                " copy it would fire again for every replicated change",
+                where=ctx.source,
+                hint=f"ALTER TABLE {ctx.schema}.{t.name} ENABLE TRIGGER ... (fires on the source only) for the move, or move with --offline",
             )
         if not t.identity_ok:
             raise MoveError(
