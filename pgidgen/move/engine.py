@@ -641,6 +641,11 @@ class Mover:
         schema = self.ctx.schema
         plan = plan_tables(self.admin, self.tgt, self.ctx.source_schema or schema, [t.name for t in self.ctx.tables])
         encoding = str(self.admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
+        # pg_dump's schema makes materialized views WITH NO DATA; those populated on the source are refreshed from
+        # the copied rows (in creation order: one built on another comes later)
+        views = [r[0] for r in self.admin.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'm'"
+            " AND c.relispopulated ORDER BY c.oid", (self.ctx.source_schema or schema,))]
         tr = Transfer(self.config.dsn(self.ctx.source), schema, plan, snapshot=snapshot(), encoding=encoding, sections=sections)
         try:
             tr.start()
@@ -652,6 +657,8 @@ class Mover:
                 if truncate and plan:
                     self.tgt.execute(f"TRUNCATE {', '.join('ONLY ' + q.ident(schema, t.name) for t in plan)}")
                 tr.restore(self.tgt, self._copy_progress())
+                for view in views:
+                    self.tgt.execute(f"REFRESH MATERIALIZED VIEW {q.ident(schema, view)}")
                 if before_then is not None:
                     before_then.result()
                 execute_script(self.tgt, then)
