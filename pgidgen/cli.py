@@ -112,7 +112,8 @@ def report(outcomes: list[Any], as_json: bool) -> None:
             click.echo(line)
     failed = [o.database for o in outcomes if not o.ok and o.error]  # not those rolled back because another failed
     if any(not o.ok for o in outcomes):
-        raise click.ClickException(f"{len(failed)} of {len(outcomes)} databases failed ({', '.join(failed)}); the others are as reported above")
+        rest = "" if len(failed) == len(outcomes) else "; the others are as reported above"
+        raise click.ClickException(f"{len(failed)} of {len(outcomes)} databases failed ({', '.join(failed)}){rest}")
 
 
 def print_sql(per_database: dict[str, str]) -> None:
@@ -179,7 +180,7 @@ def _stdin_lines() -> Iterator[str]:
     yield from sys.stdin
 
 
-@main.command("decode")
+@main.command("decode", context_settings={"ignore_unknown_options": True})
 @click.argument("ids", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per ID: id, timestamp, shard, sequence.")
 @click.option("--epoch", help="Epoch (ms or ISO-8601) instead of the config's.")

@@ -92,6 +92,10 @@ def translate(name: str, e: psycopg.Error, *, doing: str) -> DatabaseError:
     hint = "see the server's log for details"
     if getattr(e, "sqlstate", None) == "53200":
         hint = "raise max_locks_per_transaction on the server (creating many shards locks many objects), or use more databases"
+    elif getattr(e, "sqlstate", None) == "42501":
+        hint = "the config's role for this database lacks the rights: connect as the role that ran init, or grant the rights this needs (pgidgen init --grant ROLE, as that role)"
+    elif getattr(e, "sqlstate", None) == "42704" and "role" in str(e):
+        hint = "create the role first (roles belong to the server), then run again"
     elif isinstance(e, psycopg.OperationalError):
         hint = "check that the server is running and reachable"
     return DatabaseError(f"database {name} failed while {doing}: {pg_message(e)}", hint=hint)
@@ -243,6 +247,8 @@ def read_each(
         conn = connect(name, config.dsn(name), autocommit=True)
         try:
             return reader(conn)
+        except psycopg.Error as e:
+            raise translate(name, e, doing="reading from it") from None
         finally:
             conn.close()
 

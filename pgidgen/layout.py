@@ -219,7 +219,9 @@ def parse_id(text: str) -> int:
     s = text.strip()
     if not s.isdigit() or not s.isascii():
         raise InputError(f"{text.strip()!r} is not an ID", hint="give a whole number from 0 to 18446744073709551615")
-    value = int(s)
-    if value > U64_MAX:
-        raise InputError(f"{s} is larger than 2^64-1", hint="an ID is a 64-bit number")
+    digits = s.lstrip("0") or "0"
+    if len(digits) > 20 or int(digits) > U64_MAX:  # (and int() refuses past 4,300 digits)
+        shown = s if len(s) <= 40 else f"{s[:20]}...({len(s)} digits)"
+        raise InputError(f"{shown} is larger than 2^64-1", hint="an ID is a 64-bit number")
+    value = int(digits)
     return value

@@ -117,6 +117,11 @@ def passwords_in(dsn: str) -> list[str]:
     return [p for p in found if p]
 
 
+#: A config's ${VAR} reference, as written (not a password: the value comes from the environment, and is registered
+#: once read).
+_REF_RE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
 def register(dsn: str | None) -> None:
     """Remember the passwords of a connection string pgidgen is about to use."""
     if not dsn:
@@ -125,7 +130,7 @@ def register(dsn: str | None) -> None:
     for pw in passwords_in(dsn):
         # too short a password (or part) would be taken out of every word that holds it: those rely on the patterns;
         # the parts are cut where libpq cuts a misread string (host lists, query keys and values)
-        secrets.update(part for part in [pw, *re.split(r"[\s@/:?#%\\'=&,]+", pw)] if len(part) >= _MIN_PART)
+        secrets.update(part for part in [pw, *re.split(r"[\s@/:?#%\\'=&,]+", pw)] if len(part) >= _MIN_PART and not _REF_RE.fullmatch(part))
     with _lock:
         _known.update(secrets)
 

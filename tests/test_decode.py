@@ -179,3 +179,15 @@ def test_usage_errors_are_one_line_and_exit_1(args: list[str], message: str) -> 
     """Like every other error (README: one line, exit status 1), not click's usage text and status 2."""
     r = CliRunner().invoke(main, args, prog_name="pgidgen")
     assert r.exit_code == 1 and r.output == message + "\n", r.output
+
+
+def test_decode_huge_and_negative_numbers_are_one_line_errors() -> None:
+    """Past 4,300 digits int() raised (a traceback); '-1' without '--' was taken for an option (found by a review)."""
+    huge = "1" * 4301
+    for r in (decode_cli(huge), decode_cli(input=huge + "\n")):
+        assert r.exit_code == 1 and r.stdout == "" and "Traceback" not in r.stderr
+        assert "11111111111111111111...(4301 digits) is larger than 2^64-1: an ID is a 64-bit number" in r.stderr, r.stderr
+    r = decode_cli("-1")
+    assert (r.exit_code, r.stderr) == (1, "Error: '-1' is not an ID: give a whole number from 0 to 18446744073709551615\n")
+    r = decode_cli("000000000000000000000000000042")  # leading zeros are still the number
+    assert r.exit_code == 0 and "shard 0\tsequence 42" in r.stdout

@@ -302,6 +302,7 @@ def test_one_database_under_two_config_names_is_refused(config: Config, tmp_path
 def test_an_older_catalog_is_upgraded_by_init_and_by_a_move(config: Config, config_file: Path) -> None:
     """Fixes to the catalog's functions reach databases initialised before them (a review found an existing
     catalog kept claim_shard(NULL) returning NULL and min_id('infinity') raising)."""
+    from pgidgen.idgen import CATALOG_REVISION
     from pgidgen.move import move_shard
 
     def make_old(name: str) -> None:
@@ -325,7 +326,7 @@ def test_an_older_catalog_is_upgraded_by_init_and_by_a_move(config: Config, conf
     assert not is_current("db1")
     r = run_cli(config_file, "init", "--shards", "4", "--databases", "db1,db2")
     assert r.exit_code == 0, r.output
-    assert "db1: catalog upgraded to revision 2, created 0 shards (none)" in r.output, r.output
+    assert f"db1: catalog upgraded to revision {CATALOG_REVISION}, created 0 shards (none)" in r.output, r.output
     assert is_current("db1") and is_current("db2")
     r = run_cli(config_file, "init", "--shards", "4", "--databases", "db1,db2")
     assert "upgraded" not in r.output and "unchanged" in r.output, r.output
@@ -388,3 +389,24 @@ def test_an_init_running_elsewhere_is_waited_for_then_named(config: Config) -> N
                 pass
         with psycopg.connect(config.dsn("db1"), autocommit=True) as c:  # db1's lock was given back while waiting
             assert c.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, INIT_RUN_LOCK)).fetchone()[0]
+
+
+def test_a_role_without_rights_on_the_catalog_gets_a_named_error_with_a_hint(config: Config, tmp_path: Path) -> None:
+    """It used to be 'database error: permission denied for schema pgidgen: run again with --traceback to report
+    it', naming no database (found by a review)."""
+    init(config, 4, ["db1"])
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("DROP ROLE IF EXISTS pgidgen_nobody")
+        c.execute("CREATE ROLE pgidgen_nobody LOGIN")
+    try:
+        path = tmp_path / "nobody.toml"
+        write_config(path, config.layout, {"db1": psycopg.conninfo.make_conninfo(config.dsn("db1"), user="pgidgen_nobody")})
+        for args in (["map"], ["init", "--shards", "4"], ["status", "--drift"]):
+            r = run_cli(path, *args)
+            assert r.exit_code == 1, r.output
+            assert "database db1 failed while" in r.output and "permission denied" in r.output and "--traceback" not in r.output, r.output
+            assert "connect as the role that ran init" in r.output, r.output
+            assert args[0] != "init" or len(r.output.strip().splitlines()) == 1, r.output  # map and status list every database
+    finally:
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+            c.execute("DROP ROLE IF EXISTS pgidgen_nobody")

@@ -194,9 +194,10 @@ def test_last_id_and_advance_generator(dsn: str) -> None:
 
 def test_advance_generator_refuses_ids_beyond_the_layout(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for bad in (-1, (LAYOUT.max_time << LAYOUT.time_shift) | (3 << SEQ_BITS) | (LAYOUT.ids_per_ms - 1)):
-            with pytest.raises(errors.NumericValueOutOfRange, match="beyond the last ID of this layout"):
-                conn.execute("SELECT pgidgen.advance_generator(3, %s)", (bad,))
+        with pytest.raises(errors.NumericValueOutOfRange, match=r"-1 is not an ID of this layout \(IDs are not negative\)"):
+            conn.execute("SELECT pgidgen.advance_generator(3, %s)", (-1,))
+        with pytest.raises(errors.NumericValueOutOfRange, match="beyond the last ID of this layout"):
+            conn.execute("SELECT pgidgen.advance_generator(3, %s)", ((LAYOUT.max_time << LAYOUT.time_shift) | (3 << SEQ_BITS) | (LAYOUT.ids_per_ms - 1),))
         with pytest.raises(errors.NoDataFound):
             conn.execute("SELECT pgidgen.advance_generator(99, 1)")
 
