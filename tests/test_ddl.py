@@ -401,3 +401,22 @@ def test_a_failure_past_a_databases_first_shard_names_shard_and_statement(sharde
     assert ('db2: failed, rolled back: database db2 failed in shard_3 at statement 2 (CREATE INDEX) of second.sql:2:1:'
             ' column "m" does not exist') in res.output, res.output
     assert tables(sharded, "db2", 2) == tables(sharded, "db1", 0) == ["marks"]  # nothing of second.sql anywhere
+
+
+def test_database_timeouts_do_not_break_the_all_or_nothing_commit(sharded: Config, config_file: Path, schema_file: Path) -> None:
+    """A database's transaction waits idle for the others before the commit: with a database-level
+    idle_in_transaction_session_timeout (a common safety net) it was cut, and the others committed without it
+    (found by a review). pgidgen's sessions turn these timeouts off."""
+    names = ("db1", "db2", "db3")
+    for db in names:
+        execute(sharded, db, "DO $$BEGIN EXECUTE format('ALTER DATABASE %I SET idle_in_transaction_session_timeout = 1', current_database());"
+                             " EXECUTE format('ALTER DATABASE %I SET statement_timeout = 1', current_database()); END$$")
+    try:
+        res = cli(config_file, "apply-ddl", str(schema_file))
+        assert res.exit_code == 0, res.output
+    finally:
+        for db in names:
+            with psycopg.connect(sharded.databases[db], autocommit=True, options="-c statement_timeout=0") as conn:
+                conn.execute("DO $$BEGIN EXECUTE format('ALTER DATABASE %I RESET ALL', current_database()); END$$")
+    for db, shard in (("db1", 0), ("db2", 2), ("db3", 5)):
+        assert tables(sharded, db, shard) == ["likes", "photos"]
