@@ -137,7 +137,8 @@ def config_from_dict(data: Mapping[str, Any], *, path: Path | None = None) -> Co
         if not _NAME_RE.match(name):
             raise ConfigError(f"database name {name!r} is not a plain name", where=where, hint="use letters, digits, _ and -")
         if not isinstance(value, str):
-            raise ConfigError(f"database {name} must be a connection string", where=where)
+            raise ConfigError(f"database {name} must be a connection string", where=where,
+                              hint=f'write it as {name} = "postgresql://user@host:5432/dbname" (a password as ${{VAR}}, from the environment)')
         if password_in(value):
             raise ConfigError(
                 f"the connection string of {name} contains a password",

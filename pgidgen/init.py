@@ -221,6 +221,11 @@ def plan_init(
         for s in shards:
             if s in present:
                 continue
+            if s in st.shards:  # retired, moving or incoming here, active in no configured database
+                raise ConflictError(
+                    f"shard {s} is {st.shards[s]} in database {name} and active in no database of the config",
+                    hint=f"add the database it moved to to the config (pgidgen.moves on {name} names it), or finish its move; init never makes a shard twice",
+                )
             if s in st.shard_schemas:
                 raise ConflictError(
                     f"database {name} already has a schema {schema_name(s)} that pgidgen did not create",

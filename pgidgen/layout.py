@@ -108,7 +108,7 @@ class Layout:
 
     def check_shard_count(self, shards: int) -> None:
         if shards < 1:
-            raise LayoutError(f"--shards must be at least 1, not {shards}")
+            raise LayoutError(f"--shards must be at least 1, not {shards}", hint="give the number of logical shards, e.g. --shards 2000")
         if shards > self.max_shards:
             raise LayoutError(
                 f"{shards} shards do not fit in {self.shard_bits} shard bits (at most {self.max_shards})",

@@ -104,6 +104,8 @@ def build_map(states: dict[str, CatalogState], unreachable: dict[str, str] | Non
     for s, dbs in sorted(holders.items()):
         if len(dbs) > 1:
             m.problems.append(f"shard {s} is active in more than one database: {', '.join(dbs)}")
+    if m.shard_count is None and states and not m.unreachable and not any(st.foreign_catalog for st in states.values()):
+        m.problems.append("no database is initialised: run 'pgidgen init --shards N'")
     if m.shard_count is not None and not m.unreachable:
         missing = sorted(set(range(m.shard_count)) - set(holders))
         if missing:

@@ -93,7 +93,7 @@ def test_foreign_pgidgen_schema_refused(config: Config, config_file: Path) -> No
 
 def test_bad_numbers_and_names(config_file: Path) -> None:
     r = run_cli(config_file, "init", "--shards", "0")
-    assert (r.exit_code, r.stderr) == (1, "Error: --shards must be at least 1, not 0\n")
+    assert (r.exit_code, r.stderr) == (1, "Error: --shards must be at least 1, not 0: give the number of logical shards, e.g. --shards 2000\n")
     r = run_cli(config_file, "init", "--shards", "9000")
     assert r.exit_code == 1
     assert r.stderr == (
@@ -410,3 +410,25 @@ def test_a_role_without_rights_on_the_catalog_gets_a_named_error_with_a_hint(con
     finally:
         with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
             c.execute("DROP ROLE IF EXISTS pgidgen_nobody")
+
+
+def test_init_without_the_database_a_shard_moved_to_names_it(config: Config, tmp_path: Path) -> None:
+    """It failed on a duplicate key in pgidgen.shards (found by a review)."""
+    from pgidgen.move import move_shard
+
+    init(config, 4, ["db1", "db2"])
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("CREATE TABLE shard_1.t (id bigint PRIMARY KEY DEFAULT shard_1.next_id())")
+    move_shard(config, 1, "db3")
+    path = tmp_path / "two.toml"
+    write_config(path, config.layout, {"db1": config.dsn("db1"), "db2": config.dsn("db2")})
+    r = run_cli(path, "init", "--shards", "4")
+    assert r.exit_code == 1 and "shard 1 is retired in database db1 and active in no database of the config" in r.output, r.output
+    r = run_cli(path, "map")
+    assert r.exit_code == 1 and "shards in no database: 1" in r.output, r.output
+
+
+def test_map_of_databases_never_initialised_is_not_ok(config_file: Path) -> None:
+    r = run_cli(config_file, "map")
+    assert r.exit_code == 1 and "PROBLEM: no database is initialised: run 'pgidgen init --shards N'" in r.output, r.output
+    assert "ok: every shard" not in r.output
