@@ -538,17 +538,18 @@ def move_shard_cmd(ctx: click.Context, shard: int, target: str | None, max_pause
 @click.option("--databases", metavar="NAMES", help="Comma-separated databases to spread the shards over (default: all).")
 @click.option("--parallel", type=int, default=2, show_default=True, help="How many moves run at once.")
 @click.option("--max-pause", default="1s", show_default=True, metavar="DURATION", help="Longest write pause of each move's cutover.")
+@click.option("--offline", is_flag=True, help="Move every shard offline (dump and restore under a write lock): for sources without logical replication, or shards with unlogged tables.")
 @click.option("--dry-run", is_flag=True, help="Print the moves that would run, and change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
 @click.pass_context
-def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_pause: str, dry_run: bool, as_json: bool) -> None:
+def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_pause: str, offline: bool, dry_run: bool, as_json: bool) -> None:
     """Move shards so every database holds an even share (e.g. after adding one), several moves at once."""
     from . import move
     from .move.rebalance import plan_rebalance, rebalance
 
     config = get_config(ctx)
     names = config.select(databases)
-    opts = move.MoveOptions(max_pause=_duration(max_pause))
+    opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline)
     if dry_run:
         plan = plan_rebalance(config, names)
         click.echo(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()))
