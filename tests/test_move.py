@@ -918,3 +918,26 @@ def test_rebalance_offline_moves_a_shard_an_online_move_refuses(config: Config, 
     assert {n: len(s) for n, s in read_map(config).databases.items() if n != "db2"} == {"db1": 2, "db3": 2}
     assert len(rows_of(config.dsn("db3"), "shard_3", "cache")) == 5
     assert leftovers(config.databases) == []
+
+
+def test_objects_outside_the_shard_it_uses_must_exist_on_the_target(config: Config) -> None:
+    """A foreign key to public.countries, a column of a type in public: missing on the target, the copy failed
+    halfway with the slot in place, and the dry run passed (found by a review). Refused up front now."""
+    setup_shards(config, rows=5)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("CREATE TYPE public.mood AS ENUM ('ok', 'sad')")
+        c.execute("CREATE TABLE public.countries (code text PRIMARY KEY)")
+        c.execute("INSERT INTO public.countries VALUES ('fr')")
+        c.execute("CREATE TABLE shard_1.people (id bigint PRIMARY KEY DEFAULT shard_1.next_id(), country text REFERENCES public.countries, m public.mood)")
+        c.execute("INSERT INTO shard_1.people (country, m) VALUES ('fr', 'ok')")
+    from pgidgen.move import plan_move
+    for attempt in (lambda: plan_move(config, 1, "db3"), lambda: move_shard(config, 1, "db3")):
+        with pytest.raises(MoveError, match=r"shard_1 uses table public\.countries; type public\.mood from outside the shard, missing on db3"):
+            attempt()
+    assert state_of(config.dsn("db1"), 1) == ("active", "shard_1") and leftovers(config.databases) == []
+    with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+        c.execute("CREATE TYPE public.mood AS ENUM ('ok', 'sad')")
+        c.execute("CREATE TABLE public.countries (code text PRIMARY KEY)")
+        c.execute("INSERT INTO public.countries VALUES ('fr')")
+    assert move_shard(config, 1, "db3").status == "done"
+    assert rows_of(config.dsn("db3"), "shard_1", "people")[0][1:] == ("fr", "ok")

@@ -329,6 +329,22 @@ def check_outside_dependents(ctx: ShardContext, src: psycopg.Connection[Any]) ->
         )
 
 
+def check_external_references(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any]) -> None:
+    """What the shard's objects use outside its schema (a table its foreign key references, a type, a function)
+    exists on the target too: otherwise the copy fails halfway, with the source's replication slot in place."""
+    missing = []
+    for kind, names, args, shown in src.execute(q.EXTERNAL_REFERENCES_SQL, {"schema": ctx.schema}).fetchall():
+        try:
+            tgt.execute("SELECT pg_catalog.pg_get_object_address(%s, %s, %s)", (kind, names, args))
+        except psycopg.Error:
+            missing.append(str(shown))
+    if missing:
+        raise MoveError(
+            f"{ctx.schema} uses {describe_dependents(missing)} from outside the shard, missing on {ctx.target}",
+            hint=f"create {'them' if len(missing) > 1 else 'it'} on {ctx.target} first (CREATE EXTENSION, if an extension provides {'them' if len(missing) > 1 else 'it'}), then move",
+        )
+
+
 def check_no_other_move(conn: psycopg.Connection[Any], ctx_source: str, shard: int) -> None:
     rec = open_move(conn, shard)
     if rec is None:

@@ -33,6 +33,7 @@ from .context import (
     MoveError,
     ShardContext,
     check_no_other_move,
+    check_external_references,
     check_outside_dependents,
     check_roles,
     check_servers,
@@ -157,6 +158,7 @@ def move_shard(
         check_outside_dependents(ctx, admin)
         tgt = opening.result()
         check_roles(ctx, admin, tgt)
+        check_external_references(ctx, admin, tgt)
         if not opts.offline:
             check_servers(ctx, admin, tgt)
         token = f"{shard}_{secrets.token_hex(4)}"

@@ -7,7 +7,7 @@ from typing import Sequence
 from ..config import Config
 from ..db import connect
 from . import sqltext as q
-from .context import check_outside_dependents, check_roles, check_servers, check_tables, locate, read_tables
+from .context import check_external_references, check_outside_dependents, check_roles, check_servers, check_tables, locate, read_tables
 from .engine import MoveOptions
 from .sqltext import ColumnHash, PlannedStep
 from .transfer import TableCopy, plan_tables
@@ -26,6 +26,7 @@ def plan_move(config: Config, shard: int, target: str, *, options: MoveOptions |
         tgt = connect(target, config.dsn(target), autocommit=True)
         try:
             check_roles(ctx, src, tgt)
+            check_external_references(ctx, src, tgt)
             if not opts.offline:
                 check_servers(ctx, src, tgt)
             streams = plan_tables(src, tgt, ctx.schema, [t.name for t in ctx.tables])

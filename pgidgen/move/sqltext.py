@@ -139,6 +139,33 @@ OUTSIDE_DEPENDENTS_SQL = _dependents_sql("%(schema)s", """SELECT DISTINCT (x).ty
 ORDER BY 1""")
 
 
+#: Objects outside the shard's schema (and outside pg_catalog, information_schema and pgidgen, which init
+#: installs) that the shard's objects depend on: a foreign key's table, a column's type, a default's function, a
+#: view's table; as addresses (pg_identify_object_as_address) that the target can look up.
+EXTERNAL_REFERENCES_SQL = """
+WITH n AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s),
+d (classid, objid) AS (
+    SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, c.oid FROM pg_catalog.pg_class c JOIN n ON c.relnamespace = n.oid
+    UNION ALL SELECT 'pg_catalog.pg_type'::pg_catalog.regclass, t.oid FROM pg_catalog.pg_type t JOIN n ON t.typnamespace = n.oid
+    UNION ALL SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid FROM pg_catalog.pg_proc p JOIN n ON p.pronamespace = n.oid
+    UNION ALL SELECT 'pg_catalog.pg_constraint'::pg_catalog.regclass, co.oid FROM pg_catalog.pg_constraint co JOIN n ON co.connamespace = n.oid
+    UNION ALL SELECT 'pg_catalog.pg_attrdef'::pg_catalog.regclass, ad.oid FROM pg_catalog.pg_attrdef ad
+              JOIN pg_catalog.pg_class c ON c.oid = ad.adrelid JOIN n ON c.relnamespace = n.oid
+    UNION ALL SELECT 'pg_catalog.pg_rewrite'::pg_catalog.regclass, r.oid FROM pg_catalog.pg_rewrite r
+              JOIN pg_catalog.pg_class c ON c.oid = r.ev_class JOIN n ON c.relnamespace = n.oid
+    UNION ALL SELECT 'pg_catalog.pg_trigger'::pg_catalog.regclass, tg.oid FROM pg_catalog.pg_trigger tg
+              JOIN pg_catalog.pg_class c ON c.oid = tg.tgrelid JOIN n ON c.relnamespace = n.oid
+    UNION ALL SELECT 'pg_catalog.pg_policy'::pg_catalog.regclass, po.oid FROM pg_catalog.pg_policy po
+              JOIN pg_catalog.pg_class c ON c.oid = po.polrelid JOIN n ON c.relnamespace = n.oid),
+r AS (SELECT DISTINCT dep.refclassid, dep.refobjid FROM pg_catalog.pg_depend dep JOIN d ON dep.classid = d.classid AND dep.objid = d.objid
+      WHERE dep.deptype = 'n')
+SELECT a.type, a.object_names, a.object_args, i.type || ' ' || i.identity
+FROM r, pg_catalog.pg_identify_object(r.refclassid, r.refobjid, 0) i, pg_catalog.pg_identify_object_as_address(r.refclassid, r.refobjid, 0) a
+WHERE i.schema NOT IN (%(schema)s, 'pg_catalog', 'information_schema', 'pgidgen')
+  AND i.type <> 'index'  -- a foreign key's unique index: its table is named
+ORDER BY 4
+"""
+
 #: The source side of a text-format row stream prints values the way pg_dump does, so any target reads them back.
 COPY_OUT_SETTINGS = ["SET DateStyle = 'ISO'", "SET IntervalStyle = 'postgres'", "SET extra_float_digits = 3",
                      "SET statement_timeout = 0", "SET idle_in_transaction_session_timeout = 0"]
