@@ -56,7 +56,7 @@ ALTER TABLE t ATTACH PARTITION public.p FOR VALUES IN (1);
 CREATE TABLE counters (n bigint DEFAULT nextval('shard_3.s'));
 
 -- A failure on the server names the shard, statement and line; nothing is applied anywhere.
--- error: 3 of 3 databases failed (db1, db2, db3); the others are as reported above
+-- error: 3 of 3 databases failed (db1, db2, db3)
 CREATE TABLE a (id bigint);
 CREATE TABLE b (id bigint REFERENCES nosuch (id));
 -- output: db1: failed, rolled back: database db1 failed in shard_0 at statement 2 (CREATE TABLE) of {file}:61:1: relation "shard_0.nosuch" does not exist [SQLSTATE 42P01]: nothing was applied anywhere (rolled back); fix the file, or the shards it does not fit
