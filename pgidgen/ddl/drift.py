@@ -104,9 +104,10 @@ SCHEMA_ITEMS_SQL = ITEMS_SQL.replace(
 assert "%(schema)s" in SCHEMA_ITEMS_SQL
 
 
-def schema_items(conn: psycopg.Connection[Any], schema: str) -> set[str]:
-    """What status --drift compares, for one schema: its tables, columns, indexes, constraints, triggers, ..."""
-    return {str(r[0]) for r in conn.execute(SCHEMA_ITEMS_SQL, {"schema": schema})}
+def schema_items(conn: psycopg.Connection[Any], schema: str, *, prepare: bool | None = None) -> set[str]:
+    """What status --drift compares, for one schema: its tables, columns, indexes, constraints, triggers, ...
+    prepare=True: a prepared statement (run it once ahead, and the second run skips planning)."""
+    return {str(r[0]) for r in conn.execute(SCHEMA_ITEMS_SQL, {"schema": schema}, prepare=prepare)}
 
 
 @dataclass

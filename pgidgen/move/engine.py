@@ -803,6 +803,10 @@ class Mover:
             snap = connect(self.ctx.target, self.config.dsn(self.ctx.target))  # before the pause
         theirs = self._tables_as_they_stand(self.tgt, schema)  # the target's side, read before the pause
         their_items = schema_items(self.tgt, schema) if not self.opts.offline else set()  # offline: post-data comes under the freeze
+        if not self.opts.offline:  # the source's queries in the pause, prepared and their catalog caches warm before it
+            schema_items(src, schema, prepare=True)
+            self._tables_as_they_stand(src, schema, prepare=True)
+            src.rollback()
         committed = False
         try:
             t_start = time.perf_counter()
@@ -812,7 +816,7 @@ class Mover:
             except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
                 src.rollback()
                 raise CutoverAborted(f"the shard's tables could not be locked within --max-pause {budget * 1000:.0f} ms (long transactions on them?)") from None
-            mine = self._tables_as_they_stand(src, schema)
+            mine = self._tables_as_they_stand(src, schema, prepare=not self.opts.offline)
             now = set(mine)
             if now != {t.name for t in self.ctx.tables}:
                 src.rollback()
@@ -822,7 +826,7 @@ class Mover:
                 )
             changed = self._changed_tables(mine, theirs)
             if not changed and not self.opts.offline:
-                changed = self._changed_objects(schema_items(src, schema), their_items)
+                changed = self._changed_objects(schema_items(src, schema, prepare=True), their_items)
             if changed:
                 src.rollback()
                 raise MoveError(
@@ -883,10 +887,10 @@ class Mover:
     def _partitioned(self, schema: str) -> list[str]:
         return [r[0] for r in self.admin.execute(q.PARTITIONED_SQL, (schema,))]
 
-    def _tables_as_they_stand(self, conn: psycopg.Connection[Any], schema: str) -> dict[str, tuple[str, bool]]:
+    def _tables_as_they_stand(self, conn: psycopg.Connection[Any], schema: str, *, prepare: bool | None = None) -> dict[str, tuple[str, bool]]:
         """Per table of the schema: its columns (name and type, by name) and whether the move's publication
         holds it. One catalog query: on the source it runs inside the pause."""
-        return {r[0]: (r[1] or "", bool(r[2])) for r in conn.execute(q.TABLES_AS_THEY_STAND_SQL, {"schema": schema, "publication": self.names.publication})}
+        return {r[0]: (r[1] or "", bool(r[2])) for r in conn.execute(q.TABLES_AS_THEY_STAND_SQL, {"schema": schema, "publication": self.names.publication}, prepare=prepare)}
 
     def _changed_tables(self, mine: dict[str, tuple[str, bool]], theirs: dict[str, tuple[str, bool]]) -> list[str]:
         """Under the freeze, before the flip: tables whose columns differ between source and target (DDL on one
