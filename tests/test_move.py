@@ -867,6 +867,9 @@ def test_ddl_on_the_source_during_the_copy_stops_the_move_before_the_flip(config
 @pytest.mark.parametrize("setup,message", [
     ("CREATE TABLE shard_1.j (a int, j json, pt point); ALTER TABLE shard_1.j REPLICA IDENTITY FULL",
      r"table shard_1\.j has REPLICA IDENTITY FULL and column j, pt of a type without equality"),
+    ("CREATE DOMAIN public.dj AS json; CREATE DOMAIN public.djj AS public.dj; CREATE TYPE public.cj AS (a int, j json);"
+     " CREATE TABLE shard_1.d (a int, d public.djj, c public.cj, x xml[]); ALTER TABLE shard_1.d REPLICA IDENTITY FULL",
+     r"table shard_1\.d has REPLICA IDENTITY FULL and column d, c, x of a type without equality"),
     ("CREATE TABLE shard_1.k (a int PRIMARY KEY, b int); ALTER TABLE shard_1.k REPLICA IDENTITY NOTHING",
      r"table shard_1\.k has REPLICA IDENTITY NOTHING"),
     ("CREATE FUNCTION shard_1.audit() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$;"
@@ -880,11 +883,20 @@ def test_tables_whose_changes_the_target_could_not_apply_are_refused_up_front(co
     setup_shards(config, rows=5)
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
         c.execute(setup)
-        c.execute("CREATE TABLE shard_1.fine (id int PRIMARY KEY, j json, v int[], w jsonb); ALTER TABLE shard_1.fine REPLICA IDENTITY FULL")
-        c.execute("ALTER TABLE shard_1.fine REPLICA IDENTITY DEFAULT")
+        c.execute("CREATE TABLE shard_1.fine (id int PRIMARY KEY, j json, v int[], w jsonb)")  # json, but a primary key
+        # all with equality, most through a binary-coercible operator class (a review found varchar refused)
+        c.execute("CREATE DOMAIN public.vd AS varchar(9)[]")
+        c.execute("CREATE TABLE shard_1.full_ok (e varchar(20), tags varchar[], net cidr, r regclass, w jsonb, z int4range, v public.vd)")
+        c.execute("ALTER TABLE shard_1.full_ok REPLICA IDENTITY FULL")
+        from pgidgen.move.context import unequal_columns
+        assert unequal_columns(c, "shard_1", "full_ok") == ()
+        c.execute("DROP TABLE shard_1.full_ok")
     with pytest.raises(MoveError, match=message):
         move_shard(config, 1, "db3")
     assert state_of(config.dsn("db1"), 1) == ("active", "shard_1") and leftovers(config.databases) == []
+    if setup.startswith("CREATE DOMAIN"):  # the types it uses, on the target too
+        with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+            c.execute(setup.split(" CREATE TABLE")[0])
     assert move_shard(config, 1, "db3", options=MoveOptions(offline=True)).status == "done"
 
 

@@ -133,7 +133,7 @@ def locate(config: Config, shard: int, target: str) -> ShardContext:
 def read_tables(conn: psycopg.Connection[Any], schema: str) -> tuple[list[TableInfo], list[str]]:
     tables = [
         TableInfo(name=r[0], persistence=r[1], identity_ok=bool(r[2]), identity=r[3], est_rows=int(r[4]), bytes=int(r[5]),
-                  unequal=tuple(r[6] or ()), replica_triggers=tuple(r[7] or ()))
+                  unequal=("?",) if r[6] else (), replica_triggers=tuple(r[7] or ()))
         for r in conn.execute(
             """
             SELECT c.relname, c.relpersistence,
@@ -145,18 +145,7 @@ def read_tables(conn: psycopg.Connection[Any], schema: str) -> tuple[list[TableI
                    CASE c.relreplident WHEN 'f' THEN 'full' WHEN 'i' THEN 'index' WHEN 'n' THEN 'nothing' ELSE 'primary key' END,
                    CASE WHEN c.reltuples < 0 THEN -1 ELSE c.reltuples::bigint END,
                    pg_table_size(c.oid),
-                   CASE WHEN c.relreplident = 'f' THEN ARRAY(
-                       -- the apply worker finds a row by comparing every column with its type's equality (of its
-                       -- default btree or hash operator class; arrays: their element's)
-                       SELECT a.attname::text FROM pg_attribute a
-                       JOIN pg_type t0 ON t0.oid = a.atttypid
-                       JOIN pg_type t1 ON t1.oid = CASE WHEN t0.typtype = 'd' THEN t0.typbasetype ELSE t0.oid END
-                       JOIN pg_type t ON t.oid = CASE WHEN t1.typelem <> 0 AND t1.typlen = -1 THEN t1.typelem ELSE t1.oid END
-                       WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-                         AND t.typtype NOT IN ('e', 'r', 'm', 'c', 'd', 'p')
-                         AND NOT EXISTS (SELECT FROM pg_opclass oc JOIN pg_am am ON am.oid = oc.opcmethod
-                                         WHERE oc.opcdefault AND oc.opcintype = t.oid AND am.amname IN ('btree', 'hash'))
-                       ORDER BY a.attnum) END,
+                   c.relreplident = 'f',
                    ARRAY(SELECT tg.tgname::text FROM pg_trigger tg WHERE tg.tgrelid = c.oid AND NOT tg.tgisinternal
                          AND tg.tgenabled IN ('A', 'R') ORDER BY tg.tgname)
             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -166,6 +155,10 @@ def read_tables(conn: psycopg.Connection[Any], schema: str) -> tuple[list[TableI
             (schema,),
         )
     ]
+    full = [t for t in tables if t.unequal]
+    if full:
+        for t in full:
+            t.unequal = unequal_columns(conn, schema, t.name)
     for t in tables:
         if t.est_rows < 0:  # never analysed: count, so the progress bar has a total
             t.est_rows = int(conn.execute(f"SELECT count(*) FROM ONLY {_q(schema, t.name)}").fetchone()[0])  # type: ignore[index]
@@ -178,6 +171,43 @@ def read_tables(conn: psycopg.Connection[Any], schema: str) -> tuple[list[TableI
         )
     ]
     return tables, sequences
+
+
+#: Per column: its type, or for an array (also under a domain) its element's: array equality needs the element's.
+_EQUALITY_TYPES_SQL = """
+WITH RECURSIVE col AS (
+    SELECT a.attnum, a.attname::text AS name, a.atttypid AS t, 0 AS depth FROM pg_catalog.pg_attribute a
+    WHERE a.attrelid = %(rel)s::pg_catalog.regclass AND a.attnum > 0 AND NOT a.attisdropped
+  UNION ALL
+    SELECT col.attnum, col.name, CASE WHEN ty.typtype = 'd' THEN ty.typbasetype ELSE ty.typelem END, col.depth + 1
+    FROM col JOIN pg_catalog.pg_type ty ON ty.oid = col.t
+    WHERE col.depth < 8 AND (ty.typtype = 'd' AND pg_catalog.format_type(ty.typbasetype, NULL) LIKE '%%[]'
+                             OR ty.typtype <> 'd' AND ty.typcategory = 'A' AND ty.typelem <> 0)
+)
+SELECT DISTINCT ON (attnum) name, pg_catalog.format_type(t, NULL) FROM col ORDER BY attnum, depth DESC
+"""
+
+
+def unequal_columns(conn: psycopg.Connection[Any], schema: str, table: str) -> tuple[str, ...]:
+    """The columns of a REPLICA IDENTITY FULL table whose type has no equality as the target's apply worker looks
+    it up (the type cache: a default btree or hash operator class, binary-coercible ones included; domains by
+    their base type; composites and arrays by their parts). array_position() asks the type cache the very same
+    question, so it is the probe: it fails for json, point, xml, domains over them, composites holding them."""
+    bad: list[str] = []
+    verdict: dict[str, bool] = {}
+    for name, typ in conn.execute(_EQUALITY_TYPES_SQL, {"rel": _q(schema, table)}).fetchall():
+        if typ not in verdict:
+            try:
+                with conn.transaction():
+                    conn.execute(f"SELECT pg_catalog.array_position(ARRAY[NULL::{typ}], NULL::{typ})")
+                verdict[typ] = True
+            except psycopg.errors.UndefinedFunction:  # no equality at all
+                verdict[typ] = False
+            except psycopg.Error as e:
+                verdict[typ] = getattr(e, "sqlstate", "") not in ("42883", "0A000")
+        if not verdict[typ]:
+            bad.append(name)
+    return tuple(bad)
 
 
 def _q(schema: str, name: str) -> str:
