@@ -257,7 +257,7 @@ def _print_map(m: Any) -> None:
             line += f" (retired copies: {collapse(m.retired[name])})"
         click.echo(line)
     for name, err in m.unreachable.items():
-        click.echo(f"{name}: UNREACHABLE: {err}")
+        click.echo(f"{name}: {'CANNOT READ' if ' failed while ' in err else 'UNREACHABLE'}: {err}")  # reached, but refused (rights)
     for p in m.problems:
         click.echo(f"PROBLEM: {p}")
     for shard, ends in sorted(m.moving.items()):

@@ -39,29 +39,33 @@ def pg_message(e: BaseException) -> str:
 SESSION_OPTIONS = "-c statement_timeout=0 -c idle_in_transaction_session_timeout=0"
 
 
-def _options(dsn: str) -> str:
-    """SESSION_OPTIONS after the options the connection string (or PGOPTIONS) gives: later settings win."""
+def _options(dsn: str, *, server_version: int = 0, env: bool = True) -> str | None:
+    """SESSION_OPTIONS after the options the connection string (or PGOPTIONS) gives (later settings win); None
+    when the options may come from a service file (service=, PGSERVICE), which an explicit one would replace:
+    then the settings are only SET after connecting (own_session)."""
     try:
-        given = psycopg.conninfo.conninfo_to_dict(dsn).get("options")
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
-        given = None
-    given = given if given is not None else os.environ.get("PGOPTIONS", "")
-    return f"{given} {SESSION_OPTIONS}".strip()
+        return None
+    given = params.get("options")
+    if given is None and (params.get("service") or (env and os.environ.get("PGSERVICE"))):
+        return None
+    given = given if given is not None else (os.environ.get("PGOPTIONS", "") if env else "")
+    extra = SESSION_OPTIONS + (" -c idle_session_timeout=0" if server_version >= 140000 else "")
+    return f"{given} {extra}".strip()
 
 
 def session_conninfo(dsn: str, server_version: int) -> str:
     """dsn with pgidgen's session settings in its options, for a connection another server makes for pgidgen
     (a subscription's to the source: its start runs queries there)."""
-    try:
-        given = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
-    except psycopg.ProgrammingError:
-        return dsn
-    extra = SESSION_OPTIONS + (" -c idle_session_timeout=0" if server_version >= 140000 else "")
-    return psycopg.conninfo.make_conninfo(dsn, options=f"{given} {extra}".strip())
+    options = _options(dsn, server_version=server_version, env=False)  # our environment is not the server's
+    return dsn if options is None else psycopg.conninfo.make_conninfo(dsn, options=options)
 
 
 def connect(name: str, dsn: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
-    kwargs["options"] = _options(dsn)
+    options = _options(dsn)
+    if options is not None:
+        kwargs["options"] = options
     try:
         conn = psycopg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT, application_name="pgidgen", **kwargs)
     except psycopg.OperationalError as e:
@@ -227,7 +231,9 @@ def tool_args(dsn: str) -> tuple[str, dict[str, str]]:
     password = params.pop("password", None)
     if password is not None:
         env["PGPASSWORD"] = str(password)
-    params["options"] = _options(psycopg.conninfo.make_conninfo(**params))
+    options = _options(psycopg.conninfo.make_conninfo(**params))
+    if options is not None:
+        params["options"] = options
     return psycopg.conninfo.make_conninfo(**params), env
 
 

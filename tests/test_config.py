@@ -185,3 +185,23 @@ def test_a_short_password_does_not_take_words_out_of_messages() -> None:
 
     register("postgresql://app:e@127.0.0.1:1/app")
     assert scrub("connection refused: is the server running?") == "connection refused: is the server running?"
+
+
+def test_a_service_files_options_are_not_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pgidgen's session settings went into an explicit options=, which replaced a pg_service.conf entry's own
+    (a role or search_path set there; found by a review): with a service, they are SET after connecting."""
+    import psycopg
+
+    from pgidgen.db import _options, session_conninfo, tool_args
+
+    monkeypatch.delenv("PGSERVICE", raising=False)
+    monkeypatch.delenv("PGOPTIONS", raising=False)
+    assert _options("service=s1") is None and tool_args("service=s1")[0] == "service=s1"
+    assert _options("service=s1 options='-c work_mem=77MB'") == "-c work_mem=77MB -c statement_timeout=0 -c idle_in_transaction_session_timeout=0"
+    monkeypatch.setenv("PGSERVICE", "s1")
+    assert _options("host=h") is None
+    monkeypatch.delenv("PGSERVICE")
+    monkeypatch.setenv("PGOPTIONS", "-c geqo=off")
+    assert _options("host=h") == "-c geqo=off -c statement_timeout=0 -c idle_in_transaction_session_timeout=0"
+    sub = psycopg.conninfo.conninfo_to_dict(session_conninfo("host=h", 150000))  # the server's connection: not our PGOPTIONS
+    assert sub["options"] == "-c statement_timeout=0 -c idle_in_transaction_session_timeout=0 -c idle_session_timeout=0"

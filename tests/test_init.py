@@ -407,6 +407,9 @@ def test_a_role_without_rights_on_the_catalog_gets_a_named_error_with_a_hint(con
             assert "database db1 failed while" in r.output and "permission denied" in r.output and "--traceback" not in r.output, r.output
             assert "connect as the role that ran init" in r.output, r.output
             assert args[0] != "init" or len(r.output.strip().splitlines()) == 1, r.output  # map and status list every database
+        assert "db1: CANNOT READ: database db1 failed while reading from it: permission denied" in run_cli(path, "map").output
+        r = run_cli(path, "move-shard", "1", "--cleanup")  # not "no database keeps a retired copy"
+        assert r.exit_code == 1 and "no database pgidgen could read keeps a retired copy of shard 1 (db1): database db1 failed while" in r.output, r.output
     finally:
         with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
             c.execute("DROP ROLE IF EXISTS pgidgen_nobody")
@@ -432,3 +435,19 @@ def test_map_of_databases_never_initialised_is_not_ok(config_file: Path) -> None
     r = run_cli(config_file, "map")
     assert r.exit_code == 1 and "PROBLEM: no database is initialised: run 'pgidgen init --shards N'" in r.output, r.output
     assert "ok: every shard" not in r.output
+
+
+def test_a_service_file_keeps_its_options_and_pgidgen_its_session_settings(config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pgidgen.db import connect
+
+    params = psycopg.conninfo.conninfo_to_dict(config.dsn("db1"))
+    lines = ["[s1]"] + [f"{k}={v}" for k, v in params.items()] + ["options=-c work_mem=77MB"]
+    (tmp_path / "services.conf").write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(tmp_path / "services.conf"))
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute(f'ALTER DATABASE "{params["dbname"]}" SET statement_timeout = 1234')
+    conn = connect("db1", "service=s1", autocommit=True)
+    try:
+        assert conn.execute("SELECT current_setting('work_mem'), current_setting('statement_timeout')").fetchone() == ("77MB", "0")
+    finally:
+        conn.close()

@@ -44,12 +44,34 @@ WITH s AS (
     LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
     WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f', 'c')
   UNION ALL
-    SELECT s.shard, 'index ' || {indexdef}
+    SELECT s.shard, 'index ' || {indexdef} || CASE WHEN ix.indisvalid THEN '' ELSE ' (invalid)' END
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relkind IN ('i', 'I')
+    JOIN pg_catalog.pg_index ix ON ix.indexrelid = c.oid {index_filter}
   UNION ALL
+    -- not the constraints a partitioned table's foreign key or check gets on each partition: named in creation
+    -- order (pg_dump's restore orders them otherwise), and implied by the parent's, which is compared
     SELECT s.shard, 'constraint ' || co.conname || ' on ' || coalesce(c.relname, '-') || ' ' || {condef}
-    FROM s JOIN pg_catalog.pg_constraint co ON co.connamespace = s.nsp
+    FROM s JOIN pg_catalog.pg_constraint co ON co.connamespace = s.nsp AND co.conparentid = 0
     LEFT JOIN pg_catalog.pg_class c ON c.oid = co.conrelid
+  UNION ALL
+    SELECT s.shard, 'grants on schema ' || coalesce(n.nspacl::text, 'default') || ' owner ' || pg_catalog.pg_get_userbyid(n.nspowner)
+    FROM s JOIN pg_catalog.pg_namespace n ON n.oid = s.nsp
+  UNION ALL
+    SELECT s.shard, 'grants on ' || c.relname || ' ' || coalesce(c.relacl::text, 'default') || ' owner ' || pg_catalog.pg_get_userbyid(c.relowner)
+        || coalesce(' columns ' || (SELECT string_agg(a.attname || ' ' || a.attacl::text, ', ' ORDER BY a.attname)
+                                    FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid AND a.attacl IS NOT NULL), '')
+    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
+    WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f') AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset')
+  UNION ALL
+    SELECT s.shard, 'policy ' || p.polname || ' on ' || c.relname || ' ' || p.polcmd::text || CASE WHEN p.polpermissive THEN ' permissive' ELSE ' restrictive' END
+        || ' to ' || (SELECT string_agg(x, ',' ORDER BY x) FROM (SELECT CASE WHEN r = 0 THEN 'public' ELSE pg_catalog.pg_get_userbyid(r)::text END AS x
+                      FROM pg_catalog.unnest(p.polroles) r) q)
+        || coalesce(' using ' || {polqual}, '') || coalesce(' check ' || {polcheck}, '')
+    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp JOIN pg_catalog.pg_policy p ON p.polrelid = c.oid
+  UNION ALL
+    SELECT s.shard, 'inherits ' || c.relname || ' from ' || pc.oid::pg_catalog.regclass::text || coalesce(' ' || pg_catalog.pg_get_expr(c.relpartbound, c.oid), '')
+    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relkind IN ('r', 'p', 'f')
+    JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid JOIN pg_catalog.pg_class pc ON pc.oid = i.inhparent
   UNION ALL
     SELECT s.shard, 'trigger ' || {trigdef} || ' ' || t.tgenabled::text
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
@@ -60,16 +82,21 @@ WITH s AS (
   UNION ALL
     SELECT s.shard, 'function ' || p.proname || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ') '
         || pg_catalog.md5({prosrc}) || CASE WHEN p.prosecdef THEN ' security definer' ELSE '' END || ' ' || p.provolatile::text
+        || ' grants ' || coalesce(p.proacl::text, 'default') || ' owner ' || pg_catalog.pg_get_userbyid(p.proowner)
     FROM s JOIN pg_catalog.pg_proc p ON p.pronamespace = s.nsp
     WHERE p.proname NOT IN ('next_id', 'pgidgen_locked_next_id')
   UNION ALL
     SELECT s.shard, 'type ' || t.typname || ' (' || t.typtype::text || ')'
         || coalesce(' ' || (SELECT string_agg(e.enumlabel::text, ',' ORDER BY e.enumsortorder) FROM pg_catalog.pg_enum e WHERE e.enumtypid = t.oid), '')
         || coalesce(' default ' || t.typdefault, '')
+        || ' grants ' || coalesce(t.typacl::text, 'default') || ' owner ' || pg_catalog.pg_get_userbyid(t.typowner)
     FROM s JOIN pg_catalog.pg_type t ON t.typnamespace = s.nsp AND t.typtype IN ('e', 'd', 'r')
 )
 """.format(
     filter="{filter}",
+    index_filter="{index_filter}",
+    polqual=_N.format(x="pg_catalog.pg_get_expr(p.polqual, p.polrelid)"),
+    polcheck=_N.format(x="pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid)"),
     default=_N.format(x="pg_catalog.pg_get_expr(d.adbin, d.adrelid)"),
     indexdef=_N.format(x="pg_catalog.pg_get_indexdef(c.oid)"),
     condef=_N.format(x="pg_catalog.pg_get_constraintdef(co.oid)"),
@@ -80,7 +107,7 @@ WITH s AS (
 )
 
 FINGERPRINT_SQL = (
-    ITEMS_SQL.replace("{filter}", "")
+    ITEMS_SQL.replace("{filter}", "").replace("{index_filter}", "")
     + """
 SELECT s.shard, coalesce(pg_catalog.md5(string_agg(replace(i.item, s.nspname || '.', 'shard_N.'), E'\\n' ORDER BY replace(i.item, s.nspname || '.', 'shard_N.'))), pg_catalog.md5(''))
 FROM s LEFT JOIN items i ON i.shard = s.shard
@@ -89,18 +116,19 @@ GROUP BY s.shard
 )
 
 DETAIL_SQL = (
-    ITEMS_SQL.replace("{filter}", "AND sh.shard = ANY(%s)")
+    ITEMS_SQL.replace("{filter}", "AND sh.shard = ANY(%s)").replace("{index_filter}", "")
     + "SELECT i.shard, replace(i.item, s.nspname || '.', 'shard_N.') FROM items i JOIN s ON s.shard = i.shard"
 )
 
 
-#: One schema's items by its name, whatever its state (a move compares the source's and the target's copy).
+#: One schema's items by its name, whatever its state (a move compares the source's and the target's copy). Not
+#: invalid indexes (a failed CREATE INDEX CONCURRENTLY), which pg_dump does not copy.
 SCHEMA_ITEMS_SQL = ITEMS_SQL.replace(
     """    SELECT n.oid AS nsp, n.nspname, sh.shard
     FROM pgidgen.shards sh JOIN pg_catalog.pg_namespace n ON n.nspname = sh.schema_name
     WHERE sh.state IN ('active', 'moving') {filter}""",
     """    SELECT n.oid AS nsp, n.nspname, 0 AS shard FROM pg_catalog.pg_namespace n WHERE n.nspname = %(schema)s""",
-) + "SELECT replace(i.item, s.nspname || '.', 'shard_N.') FROM items i JOIN s ON s.shard = i.shard"
+).replace("{index_filter}", "AND ix.indisvalid") + "SELECT replace(i.item, s.nspname || '.', 'shard_N.') FROM items i JOIN s ON s.shard = i.shard"
 assert "%(schema)s" in SCHEMA_ITEMS_SQL
 
 

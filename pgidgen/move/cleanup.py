@@ -29,6 +29,9 @@ def cleanup(config: Config, shard: int, *, only: tuple[str, str] | None = None) 
     states, down = read_states(config)
     retired = [name for name, st in states.items() if st.shards.get(shard) == "retired" and (only is None or name == only[0])]
     active = [name for name, st in states.items() if st.shards.get(shard) == "active"]
+    if not retired and down:
+        raise MoveError(f"no database pgidgen could read keeps a retired copy of shard {shard}", where=", ".join(sorted(down)),
+                        hint=f"{'; '.join(down[n] for n in sorted(down))}")
     if not retired:
         raise MoveError(f"no database keeps a retired copy of shard {shard}", hint="nothing to clean up; see 'pgidgen map'")
     if not active:

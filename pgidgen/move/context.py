@@ -340,8 +340,8 @@ def check_roles(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Co
         )
 
 
-def outside_dependents(conn: psycopg.Connection[Any], schema: str) -> list[str]:
-    return [str(r[0]) for r in conn.execute(q.OUTSIDE_DEPENDENTS_SQL, {"schema": schema})]
+def outside_dependents(conn: psycopg.Connection[Any], schema: str, *, prepare: bool | None = None) -> list[str]:
+    return [str(r[0]) for r in conn.execute(q.OUTSIDE_DEPENDENTS_SQL, {"schema": schema}, prepare=prepare)]
 
 
 def describe_dependents(found: list[str]) -> str:

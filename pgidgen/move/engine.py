@@ -35,6 +35,8 @@ from .context import (
     check_no_other_move,
     check_external_references,
     check_outside_dependents,
+    describe_dependents,
+    outside_dependents,
     check_roles,
     check_servers,
     check_tables,
@@ -450,9 +452,13 @@ class Mover:
         if self.opts.drop_source and self.report.retired_schema:
             from .cleanup import cleanup
 
-            cleanup(self.config, self.ctx.shard, only=(self.ctx.source, self.report.retired_schema))
-            self.report.notes.append(f"dropped the source copy {self.ctx.source}.{self.report.retired_schema}")
-            self.report.retired_schema = None
+            try:
+                cleanup(self.config, self.ctx.shard, only=(self.ctx.source, self.report.retired_schema))
+            except PgidgenError as e:  # the move itself is done; the copy stays, as without --drop-source
+                self.report.notes.append(f"kept the source copy {self.ctx.source}.{self.report.retired_schema}: {e.render()}")
+            else:
+                self.report.notes.append(f"dropped the source copy {self.ctx.source}.{self.report.retired_schema}")
+                self.report.retired_schema = None
         return self.report
 
     def _fail(self, step: str, error: str) -> None:
@@ -806,6 +812,7 @@ class Mover:
         if not self.opts.offline:  # the source's queries in the pause, prepared and their catalog caches warm before it
             schema_items(src, schema, prepare=True)
             self._tables_as_they_stand(src, schema, prepare=True)
+            outside_dependents(src, schema, prepare=True)
             src.rollback()
         committed = False
         try:
@@ -827,6 +834,9 @@ class Mover:
             changed = self._changed_tables(mine, theirs)
             if not changed and not self.opts.offline:
                 changed = self._changed_objects(schema_items(src, schema, prepare=True), their_items)
+                found = outside_dependents(src, schema, prepare=True)
+                if found:  # made during the move: they would stay bound to the retired copy
+                    changed = [f"objects outside it now depend on it: {describe_dependents(found)}"]
             if changed:
                 src.rollback()
                 raise MoveError(
