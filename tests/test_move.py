@@ -847,6 +847,13 @@ def test_drop_source_drops_only_the_moves_own_copy(config: Config) -> None:
     "ALTER TABLE shard_1.t ENABLE ROW LEVEL SECURITY; CREATE POLICY mine ON shard_1.t USING (v > 0)",
     "ALTER TABLE shard_1.p DETACH PARTITION shard_1.p1",
     "ALTER TABLE shard_1.tags OWNER TO pg_monitor",
+    "CREATE RULE no_del AS ON DELETE TO shard_1.t DO INSTEAD NOTHING",
+    "ALTER SEQUENCE shard_1.tags_n_seq INCREMENT BY 10",
+    "CREATE STATISTICS shard_1.st ON v, note FROM shard_1.t",
+    "ALTER TABLE shard_1.t SET (fillfactor = 50)",
+    "ALTER TABLE shard_1.t REPLICA IDENTITY FULL",
+    "ALTER TABLE shard_1.t ALTER COLUMN note SET STORAGE EXTERNAL",
+    "ALTER FUNCTION shard_1.bump(int) STRICT",
 ])
 def test_ddl_on_the_source_during_the_copy_stops_the_move_before_the_flip(config: Config, ddl: str) -> None:
     """Only rows are replicated: an index, constraint or default changed on the source after the copy read its
@@ -856,6 +863,8 @@ def test_ddl_on_the_source_during_the_copy_stops_the_move_before_the_flip(config
         c.execute("CREATE INDEX t_v ON shard_1.t (v)")
         c.execute("CREATE TABLE shard_1.p (k int PRIMARY KEY) PARTITION BY RANGE (k)")
         c.execute("CREATE TABLE shard_1.p1 PARTITION OF shard_1.p FOR VALUES FROM (0) TO (10)")
+        c.execute("CREATE TABLE shard_1.child (id int PRIMARY KEY, tid bigint REFERENCES shard_1.t)")
+        c.execute("CREATE FUNCTION shard_1.bump(x int) RETURNS int LANGUAGE sql AS 'SELECT x + 1'")
 
     def change(point: str) -> None:
         if point == "cutover":
@@ -875,8 +884,9 @@ def test_ddl_on_the_source_during_the_copy_stops_the_move_before_the_flip(config
     ("CREATE TABLE shard_1.j (a int, j json, pt point); ALTER TABLE shard_1.j REPLICA IDENTITY FULL",
      r"table shard_1\.j has REPLICA IDENTITY FULL and column j, pt of a type without equality"),
     ("CREATE DOMAIN public.dj AS json; CREATE DOMAIN public.djj AS public.dj; CREATE TYPE public.cj AS (a int, j json);"
-     " CREATE TABLE shard_1.d (a int, d public.djj, c public.cj, x xml[]); ALTER TABLE shard_1.d REPLICA IDENTITY FULL",
-     r"table shard_1\.d has REPLICA IDENTITY FULL and column d, c, x of a type without equality"),
+     " CREATE DOMAIN public.jnn AS json NOT NULL; CREATE DOMAIN public.pchk AS point CHECK (VALUE IS NOT NULL);"
+     " CREATE TABLE shard_1.d (a int, d public.djj, c public.cj, x xml[], j public.jnn, p public.pchk); ALTER TABLE shard_1.d REPLICA IDENTITY FULL",
+     r"table shard_1\.d has REPLICA IDENTITY FULL and column d, c, x, j, p of a type without equality"),
     ("CREATE TABLE shard_1.k (a int PRIMARY KEY, b int); ALTER TABLE shard_1.k REPLICA IDENTITY NOTHING",
      r"table shard_1\.k has REPLICA IDENTITY NOTHING"),
     ("CREATE FUNCTION shard_1.audit() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$;"
@@ -1010,3 +1020,40 @@ def test_an_outside_object_made_during_the_move_stops_it_and_drop_source_keeps_a
     assert report.status == "done" and report.retired_schema is not None
     assert report.notes[-1].startswith(f"kept the source copy db1.{report.retired_schema}: objects outside db1.{report.retired_schema} depend on it: view public.v3")
     assert state_of(config.dsn("db3"), 1) == ("active", "shard_1") and leftovers(config.databases) == []
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_default_privileges_on_the_target_do_not_change_the_shards_grants(config: Config, offline: bool) -> None:
+    """The restore runs as the target's superuser, whose default privileges (ALTER DEFAULT PRIVILEGES) added
+    grants to the copy, or took PUBLIC's EXECUTE away: online moves then failed at every cutover, offline ones
+    changed the grants silently (found by a review). The copy's owner grants are made the source's."""
+    setup_shards(config, rows=5)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("CREATE FUNCTION shard_1.bump(x int) RETURNS int LANGUAGE sql AS 'SELECT x + 1'")
+        c.execute("CREATE TYPE shard_1.mood AS ENUM ('ok')")
+        c.execute("REVOKE ALL ON shard_1.t FROM postgres; GRANT ALL ON shard_1.t TO postgres")  # its ACL in another order
+        c.execute("GRANT SELECT (note) ON shard_1.t TO pg_monitor")
+    with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+        c.execute("ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO pg_read_all_stats")
+        c.execute("ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC")
+        c.execute("ALTER DEFAULT PRIVILEGES REVOKE USAGE ON TYPES FROM PUBLIC")
+        c.execute("ALTER DEFAULT PRIVILEGES GRANT USAGE ON SEQUENCES TO pg_monitor WITH GRANT OPTION")
+    try:
+        assert move_shard(config, 1, "db3", options=MoveOptions(offline=offline)).status == "done"
+        with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+            assert c.execute("SELECT has_table_privilege('pg_read_all_stats', 'shard_1.t', 'SELECT')").fetchone()[0] is False
+            assert c.execute("SELECT has_function_privilege('public', 'shard_1.bump(int)', 'EXECUTE')").fetchone()[0] is True
+            assert c.execute("SELECT has_type_privilege('public', 'shard_1.mood', 'USAGE')").fetchone()[0] is True
+            assert c.execute("SELECT has_sequence_privilege('pg_monitor', 'shard_1.tags_n_seq', 'USAGE')").fetchone()[0] is False
+            assert c.execute("SELECT has_column_privilege('pg_monitor', 'shard_1.t', 'note', 'SELECT')").fetchone()[0] is True
+        from pgidgen.ddl.drift import schema_items
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as a, psycopg.connect(config.dsn("db3"), autocommit=True) as b:
+            retired = a.execute("SELECT schema_name FROM pgidgen.shards WHERE shard = 1").fetchone()[0]
+            mine = {i for i in schema_items(a, retired) if "pgidgen_retired" not in i}
+            assert mine == schema_items(b, "shard_1")
+    finally:
+        with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+            c.execute("ALTER DEFAULT PRIVILEGES REVOKE SELECT ON TABLES FROM pg_read_all_stats")
+            c.execute("ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON FUNCTIONS TO PUBLIC")
+            c.execute("ALTER DEFAULT PRIVILEGES GRANT USAGE ON TYPES TO PUBLIC")
+            c.execute("ALTER DEFAULT PRIVILEGES REVOKE USAGE ON SEQUENCES FROM pg_monitor")

@@ -20,6 +20,12 @@ from ..ranges import collapse
 from .ledger import DatabaseLedger, merge_history, missing_positions, read_ledger
 
 _N = "replace({x}, s.nspname || '.', 'shard_N.')"
+#: An ACL as its effective privileges (the default ones when it is NULL), sorted: the same grants compare equal
+#: whatever their order in the array, and whether or not they were ever written out.
+_ACL = ("coalesce((SELECT pg_catalog.string_agg(g, ',' ORDER BY g) FROM (SELECT CASE WHEN e.grantee = 0 THEN 'public'"
+        " ELSE pg_catalog.pg_get_userbyid(e.grantee)::text END || '=' || e.privilege_type || CASE WHEN e.is_grantable THEN '*' ELSE '' END"
+        " || '/' || pg_catalog.pg_get_userbyid(e.grantor) AS g FROM pg_catalog.aclexplode(coalesce({acl}, pg_catalog.acldefault('{kind}', {owner}))) e) q),"
+        " 'none')")
 
 ITEMS_SQL = """
 WITH s AS (
@@ -27,9 +33,22 @@ WITH s AS (
     FROM pgidgen.shards sh JOIN pg_catalog.pg_namespace n ON n.nspname = sh.schema_name
     WHERE sh.state IN ('active', 'moving') {filter}
 ), items AS (
-    SELECT s.shard, 'relation ' || c.relname || ' (' || c.relkind::text || ')' AS item
+    SELECT s.shard, 'relation ' || c.relname || ' (' || c.relkind::text || ')' || coalesce(' with ' || pg_catalog.array_to_string(c.reloptions, ','), '')
+        || CASE WHEN c.relkind IN ('r', 'p') THEN ' replica identity ' || c.relreplident::text ELSE '' END AS item
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
     WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c') AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset')
+  UNION ALL
+    SELECT s.shard, 'sequence ' || c.relname || ' ' || pg_catalog.format_type(q.seqtypid, NULL) || ' increment ' || q.seqincrement
+        || ' min ' || q.seqmin || ' max ' || q.seqmax || ' cache ' || q.seqcache || CASE WHEN q.seqcycle THEN ' cycle' ELSE '' END
+    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relkind = 'S' JOIN pg_catalog.pg_sequence q ON q.seqrelid = c.oid
+    WHERE c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset')
+  UNION ALL
+    SELECT s.shard, 'rule ' || r.rulename || ' on ' || c.relname || ' ' || pg_catalog.md5({ruledef}) || ' ' || r.ev_enabled::text
+    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp JOIN pg_catalog.pg_rewrite r ON r.ev_class = c.oid AND r.rulename <> '_RETURN'
+  UNION ALL
+    SELECT s.shard, 'statistics ' || {statsdef}
+    FROM s JOIN pg_catalog.pg_statistic_ext x ON x.stxnamespace = s.nsp
+
   UNION ALL
     SELECT s.shard, 'row level security on ' || c.relname || CASE WHEN c.relforcerowsecurity THEN ' (forced)' ELSE '' END
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relrowsecurity
@@ -38,6 +57,8 @@ WITH s AS (
         || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
         || coalesce(' default ' || {default}, '')
         || CASE WHEN a.attcollation <> ty.typcollation THEN ' collate ' || coalesce((SELECT collname FROM pg_catalog.pg_collation WHERE oid = a.attcollation), '?') ELSE '' END
+        || CASE WHEN a.attstorage <> ty.typstorage THEN ' storage ' || a.attstorage::text ELSE '' END
+        || CASE WHEN a.attstattarget >= 0 THEN ' statistics ' || a.attstattarget ELSE '' END
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
     JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
     JOIN pg_catalog.pg_type ty ON ty.oid = a.atttypid
@@ -54,11 +75,11 @@ WITH s AS (
     FROM s JOIN pg_catalog.pg_constraint co ON co.connamespace = s.nsp AND co.conparentid = 0
     LEFT JOIN pg_catalog.pg_class c ON c.oid = co.conrelid
   UNION ALL
-    SELECT s.shard, 'grants on schema ' || coalesce(n.nspacl::text, 'default') || ' owner ' || pg_catalog.pg_get_userbyid(n.nspowner)
+    SELECT s.shard, 'grants on schema ' || {nspacl} || ' owner ' || pg_catalog.pg_get_userbyid(n.nspowner)
     FROM s JOIN pg_catalog.pg_namespace n ON n.oid = s.nsp
   UNION ALL
-    SELECT s.shard, 'grants on ' || c.relname || ' ' || coalesce(c.relacl::text, 'default') || ' owner ' || pg_catalog.pg_get_userbyid(c.relowner)
-        || coalesce(' columns ' || (SELECT string_agg(a.attname || ' ' || a.attacl::text, ', ' ORDER BY a.attname)
+    SELECT s.shard, 'grants on ' || c.relname || ' ' || CASE WHEN c.relkind = 'S' THEN {seqacl} ELSE {relacl} END || ' owner ' || pg_catalog.pg_get_userbyid(c.relowner)
+        || coalesce(' columns ' || (SELECT string_agg(a.attname || ' ' || {attacl}, ', ' ORDER BY a.attname)
                                     FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid AND a.attacl IS NOT NULL), '')
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
     WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f') AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset')
@@ -82,19 +103,28 @@ WITH s AS (
   UNION ALL
     SELECT s.shard, 'function ' || p.proname || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ') '
         || pg_catalog.md5({prosrc}) || CASE WHEN p.prosecdef THEN ' security definer' ELSE '' END || ' ' || p.provolatile::text
-        || ' grants ' || coalesce(p.proacl::text, 'default') || ' owner ' || pg_catalog.pg_get_userbyid(p.proowner)
+        || ' ' || p.proisstrict::text || p.proleakproof::text || p.proparallel::text
+        || ' grants ' || {proacl} || ' owner ' || pg_catalog.pg_get_userbyid(p.proowner)
     FROM s JOIN pg_catalog.pg_proc p ON p.pronamespace = s.nsp
     WHERE p.proname NOT IN ('next_id', 'pgidgen_locked_next_id')
   UNION ALL
     SELECT s.shard, 'type ' || t.typname || ' (' || t.typtype::text || ')'
         || coalesce(' ' || (SELECT string_agg(e.enumlabel::text, ',' ORDER BY e.enumsortorder) FROM pg_catalog.pg_enum e WHERE e.enumtypid = t.oid), '')
         || coalesce(' default ' || t.typdefault, '')
-        || ' grants ' || coalesce(t.typacl::text, 'default') || ' owner ' || pg_catalog.pg_get_userbyid(t.typowner)
+        || ' grants ' || {typacl} || ' owner ' || pg_catalog.pg_get_userbyid(t.typowner)
     FROM s JOIN pg_catalog.pg_type t ON t.typnamespace = s.nsp AND t.typtype IN ('e', 'd', 'r')
 )
 """.format(
     filter="{filter}",
     index_filter="{index_filter}",
+    nspacl=_ACL.format(acl="n.nspacl", kind="n", owner="n.nspowner"),
+    relacl=_ACL.format(acl="c.relacl", kind="r", owner="c.relowner"),
+    seqacl=_ACL.format(acl="c.relacl", kind="s", owner="c.relowner"),
+    attacl=_ACL.format(acl="a.attacl", kind="c", owner="c.relowner"),
+    proacl=_ACL.format(acl="p.proacl", kind="f", owner="p.proowner"),
+    typacl=_ACL.format(acl="t.typacl", kind="T", owner="t.typowner"),
+    ruledef=_N.format(x="pg_catalog.pg_get_ruledef(r.oid)"),
+    statsdef=_N.format(x="pg_catalog.pg_get_statisticsobjdef(x.oid)"),
     polqual=_N.format(x="pg_catalog.pg_get_expr(p.polqual, p.polrelid)"),
     polcheck=_N.format(x="pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid)"),
     default=_N.format(x="pg_catalog.pg_get_expr(d.adbin, d.adrelid)"),

@@ -173,7 +173,8 @@ def read_tables(conn: psycopg.Connection[Any], schema: str) -> tuple[list[TableI
     return tables, sequences
 
 
-#: Per column: its type, or for an array (also under a domain) its element's: array equality needs the element's.
+#: Per column, the type whose equality counts: domains by their base type, arrays by their element's (array
+#: equality needs the element's), all the way down (a NOT NULL domain could not even be cast NULL to).
 _EQUALITY_TYPES_SQL = """
 WITH RECURSIVE col AS (
     SELECT a.attnum, a.attname::text AS name, a.atttypid AS t, 0 AS depth FROM pg_catalog.pg_attribute a
@@ -181,8 +182,7 @@ WITH RECURSIVE col AS (
   UNION ALL
     SELECT col.attnum, col.name, CASE WHEN ty.typtype = 'd' THEN ty.typbasetype ELSE ty.typelem END, col.depth + 1
     FROM col JOIN pg_catalog.pg_type ty ON ty.oid = col.t
-    WHERE col.depth < 8 AND (ty.typtype = 'd' AND pg_catalog.format_type(ty.typbasetype, NULL) LIKE '%%[]'
-                             OR ty.typtype <> 'd' AND ty.typcategory = 'A' AND ty.typelem <> 0)
+    WHERE col.depth < 16 AND (ty.typtype = 'd' OR ty.typcategory = 'A' AND ty.typelem <> 0)
 )
 SELECT DISTINCT ON (attnum) name, pg_catalog.format_type(t, NULL) FROM col ORDER BY attnum, depth DESC
 """

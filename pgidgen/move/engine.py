@@ -667,6 +667,8 @@ class Mover:
                 tr.restore(self.tgt, self._copy_progress())
                 for view in views:
                     self.tgt.execute(f"REFRESH MATERIALIZED VIEW {q.ident(schema, view)}")
+                if "post-data" in sections:  # the whole schema is there: its owners' grants as on the source
+                    self._match_grants(schema)
                 if before_then is not None:
                     before_then.result()
                 execute_script(self.tgt, then)
@@ -683,6 +685,13 @@ class Mover:
         if self.progress is not None:
             total = sum(t.est_rows for t in self.ctx.tables)
             self.progress(CopyProgress(len(self.ctx.tables), len(self.ctx.tables), total, total, tr.bytes, self._lag()))
+
+    def _match_grants(self, schema: str) -> None:
+        """Default privileges on the target (ALTER DEFAULT PRIVILEGES for the role restoring) add grants to the
+        objects pg_dump's script creates, or take some away: make the owners' grants the source's again."""
+        source = {tuple(r) for r in self.admin.execute(q.OWNER_GRANTS_SQL, {"schema": self.ctx.source_schema or schema})}
+        target = {tuple(r) for r in self.tgt.execute(q.OWNER_GRANTS_SQL, {"schema": schema})}
+        execute_script(self.tgt, q.match_grants_sql(schema, source, target))
 
     def _copy_progress(self) -> Callable[[str, int], None] | None:
         """Rows as the source's COPY reports them (pg_stat_progress_copy), at most every 0.1 s."""

@@ -166,6 +166,55 @@ WHERE i.schema NOT IN (%(schema)s, 'pg_catalog', 'information_schema', 'pgidgen'
 ORDER BY 4
 """
 
+#: Every privilege the owners of a schema's objects granted (their effective ACLs, the default ones where none
+#: was written), as (kind, name, column, grantee, privilege, grantable), names quoted for GRANT/REVOKE: what a
+#: restore reproduces only on a server without default privileges for the restoring role (ALTER DEFAULT
+#: PRIVILEGES adds to, or takes from, what pg_dump's script grants). Grants made by others come from pg_dump.
+OWNER_GRANTS_SQL = """
+WITH n AS (SELECT oid, nspowner, nspacl FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s),
+o (kind, name, col, owner, acl) AS (
+    SELECT 'SCHEMA', NULL::text, NULL::text, n.nspowner, coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner)) FROM n
+  UNION ALL
+    SELECT CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END, pg_catalog.quote_ident(c.relname), NULL, c.relowner,
+           coalesce(c.relacl, pg_catalog.acldefault(CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END::"char", c.relowner))
+    FROM pg_catalog.pg_class c JOIN n ON c.relnamespace = n.oid WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+  UNION ALL
+    SELECT 'TABLE', pg_catalog.quote_ident(c.relname), pg_catalog.quote_ident(a.attname), c.relowner, a.attacl
+    FROM pg_catalog.pg_class c JOIN n ON c.relnamespace = n.oid
+    JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL
+    WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')
+  UNION ALL
+    SELECT 'ROUTINE', pg_catalog.quote_ident(p.proname) || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ')', NULL,
+           p.proowner, coalesce(p.proacl, pg_catalog.acldefault('f', p.proowner))
+    FROM pg_catalog.pg_proc p JOIN n ON p.pronamespace = n.oid
+  UNION ALL
+    SELECT 'TYPE', pg_catalog.quote_ident(t.typname), NULL, t.typowner, coalesce(t.typacl, pg_catalog.acldefault('T', t.typowner))
+    FROM pg_catalog.pg_type t JOIN n ON t.typnamespace = n.oid
+    WHERE t.typtype IN ('b', 'd', 'e', 'r') OR t.typtype = 'c' AND (SELECT relkind FROM pg_catalog.pg_class WHERE oid = t.typrelid) = 'c')
+SELECT o.kind, o.name, o.col, CASE WHEN e.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(e.grantee)) END,
+       e.privilege_type, e.is_grantable
+FROM o, pg_catalog.aclexplode(o.acl) e WHERE e.grantor = o.owner
+"""
+
+
+def match_grants_sql(schema: str, source: set[tuple], target: set[tuple]) -> str:
+    """GRANT and REVOKE (run as a superuser: as the owner) that turn the target's owner grants into the source's."""
+    def on(kind: str, name: str | None, col: str | None, priv: str) -> str:
+        what = ident(schema) if kind == "SCHEMA" else f"{kind} {ident(schema)}.{name}"
+        return f"{priv} ({col}) ON {what}" if col else f"{priv} ON {'SCHEMA ' if kind == 'SCHEMA' else ''}{what}"
+
+    lines = []
+    plain = {e[:5] for e in source}
+    for kind, name, col, grantee, priv, grantable in sorted(target - source, key=str):
+        if (kind, name, col, grantee, priv) in plain:  # only the grant option differs
+            lines.append(f"REVOKE GRANT OPTION FOR {on(kind, name, col, priv)} FROM {grantee};")
+        else:
+            lines.append(f"REVOKE {on(kind, name, col, priv)} FROM {grantee};")
+    for kind, name, col, grantee, priv, grantable in sorted(source - target, key=str):
+        lines.append(f"GRANT {on(kind, name, col, priv)} TO {grantee}{' WITH GRANT OPTION' if grantable else ''};")
+    return "\n".join(lines)
+
+
 #: The source side of a text-format row stream prints values the way pg_dump does, so any target reads them back.
 COPY_OUT_SETTINGS = ["SET DateStyle = 'ISO'", "SET IntervalStyle = 'postgres'", "SET extra_float_digits = 3",
                      "SET statement_timeout = 0", "SET idle_in_transaction_session_timeout = 0"]
