@@ -85,7 +85,8 @@ def render_plan(
     guarded = [q.TableRef(schema, t) for t in parents] + refs  # partitioned parents too, first (as writers lock them)
     freeze = q.freeze_sql(shard, guarded, ms) + (
         "-- the tables, their columns (on both sides)" + ("" if options.offline else " and the publication's hold on them")
-        + " as they stand: any change since the move began stops it here, before the flip\n")
+        + " as they stand: any change since the move began stops it here, before the flip (their indexes, constraints,"
+        " grants, ... and objects outside the shard depending on it are checked right before this)\n")
     cut = ("copy the rows (binary COPY streams into the emptied target tables), then the post-data of pg_dump --schema-only, in one target transaction, then verify" if options.offline
            else "write a heartbeat and wait (within --max-pause) until the target has applied it")
     steps += [
