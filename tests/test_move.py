@@ -1028,9 +1028,17 @@ def test_default_privileges_on_the_target_do_not_change_the_shards_grants(config
     grants to the copy, or took PUBLIC's EXECUTE away: online moves then failed at every cutover, offline ones
     changed the grants silently (found by a review). The copy's owner grants are made the source's."""
     setup_shards(config, rows=5)
+    for db in ("db1", "db3"):
+        with psycopg.connect(config.dsn(db), autocommit=True) as c:
+            c.execute("CREATE DOMAIN public.posint AS int CHECK (VALUE > 0)")
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
         c.execute("CREATE FUNCTION shard_1.bump(x int) RETURNS int LANGUAGE sql AS 'SELECT x + 1'")
+        c.execute("CREATE FUNCTION shard_1.f(x public.posint) RETURNS int LANGUAGE sql AS 'SELECT x'")  # a type outside, in the signature
+        c.execute("CREATE AGGREGATE shard_1.osa(float8 ORDER BY anyelement) (sfunc = ordered_set_transition_multi, stype = internal,"
+                  " finalfunc = percentile_disc_final, finalfunc_extra)")
+        c.execute("CREATE TYPE shard_1.floatrange AS RANGE (subtype = float8)")  # and its multirange
         c.execute("CREATE TYPE shard_1.mood AS ENUM ('ok')")
+        c.execute("GRANT SELECT (v) ON shard_1.t TO pg_read_all_stats")  # a column grant to the role the table-wide default adds
         c.execute("REVOKE ALL ON shard_1.t FROM postgres; GRANT ALL ON shard_1.t TO postgres")  # its ACL in another order
         c.execute("GRANT SELECT (note) ON shard_1.t TO pg_monitor")
     with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
@@ -1046,6 +1054,9 @@ def test_default_privileges_on_the_target_do_not_change_the_shards_grants(config
             assert c.execute("SELECT has_type_privilege('public', 'shard_1.mood', 'USAGE')").fetchone()[0] is True
             assert c.execute("SELECT has_sequence_privilege('pg_monitor', 'shard_1.tags_n_seq', 'USAGE')").fetchone()[0] is False
             assert c.execute("SELECT has_column_privilege('pg_monitor', 'shard_1.t', 'note', 'SELECT')").fetchone()[0] is True
+            assert c.execute("SELECT has_column_privilege('pg_read_all_stats', 'shard_1.t', 'v', 'SELECT')").fetchone()[0] is True
+            assert c.execute("SELECT has_type_privilege('public', 'shard_1.floatmultirange', 'USAGE')").fetchone()[0] is True
+            assert c.execute("SELECT has_function_privilege('public', 'shard_1.f(public.posint)', 'EXECUTE')").fetchone()[0] is True
         from pgidgen.ddl.drift import schema_items
         with psycopg.connect(config.dsn("db1"), autocommit=True) as a, psycopg.connect(config.dsn("db3"), autocommit=True) as b:
             retired = a.execute("SELECT schema_name FROM pgidgen.shards WHERE shard = 1").fetchone()[0]
@@ -1057,3 +1068,31 @@ def test_default_privileges_on_the_target_do_not_change_the_shards_grants(config
             c.execute("ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON FUNCTIONS TO PUBLIC")
             c.execute("ALTER DEFAULT PRIVILEGES GRANT USAGE ON TYPES TO PUBLIC")
             c.execute("ALTER DEFAULT PRIVILEGES REVOKE USAGE ON SEQUENCES FROM pg_monitor")
+
+
+def test_ddl_that_commits_while_the_freeze_waits_for_its_lock_stops_the_move(config: Config) -> None:
+    """A CREATE INDEX in flight when the pause starts holds a lock the freeze waits for, and commits meanwhile:
+    after the check made before the pause. The wait itself triggers the check again (found by a review)."""
+    import threading
+
+    setup_shards(config, rows=5)
+    done = threading.Event()
+
+    def index_in_flight(point: str) -> None:
+        if point != "cutover":
+            return
+        conn = psycopg.connect(config.dsn("db1"))
+        conn.execute("CREATE UNIQUE INDEX t_note ON shard_1.t (note)")  # holds SHARE on the table, not committed
+
+        def later() -> None:
+            time.sleep(0.4)
+            conn.commit()
+            conn.close()
+            done.set()
+
+        threading.Thread(target=later, daemon=True).start()
+
+    with pytest.raises(MoveError, match=r"the tables of shard_1 changed during the move \(only on db1: index CREATE UNIQUE INDEX t_note"):
+        move_shard(config, 1, "db3", hook=index_in_flight)
+    assert done.wait(10)
+    assert rollback_move(config, 1).status == "rolled_back" and leftovers(config.databases) == []

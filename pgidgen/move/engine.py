@@ -77,6 +77,10 @@ class CopyProgress:
     lag_bytes: int | None
 
 
+#: A freeze that took longer than this (seconds) waited for locks: the schema is compared again in the pause.
+LOCK_WAIT_RECHECK = 0.01
+
+
 @dataclass
 class MoveReport:
     shard: int
@@ -689,9 +693,16 @@ class Mover:
     def _match_grants(self, schema: str) -> None:
         """Default privileges on the target (ALTER DEFAULT PRIVILEGES for the role restoring) add grants to the
         objects pg_dump's script creates, or take some away: make the owners' grants the source's again."""
-        source = {tuple(r) for r in self.admin.execute(q.OWNER_GRANTS_SQL, {"schema": self.ctx.source_schema or schema})}
-        target = {tuple(r) for r in self.tgt.execute(q.OWNER_GRANTS_SQL, {"schema": schema})}
-        execute_script(self.tgt, q.match_grants_sql(schema, source, target))
+        with self.admin.transaction():  # names schema-qualified alike on both sides
+            self.admin.execute("SET LOCAL search_path = ''")
+            source = {tuple(r) for r in self.admin.execute(q.OWNER_GRANTS_SQL, {"schema": self.ctx.source_schema or schema})}
+
+        def target() -> set[tuple[Any, ...]]:
+            self.tgt.execute("SET LOCAL search_path = ''")
+            return {tuple(r) for r in self.tgt.execute(q.OWNER_GRANTS_SQL, {"schema": schema})}
+
+        execute_script(self.tgt, q.revoke_grants_sql(schema, source, target()))
+        execute_script(self.tgt, q.grant_missing_sql(schema, source, target()))
 
     def _copy_progress(self) -> Callable[[str, int], None] | None:
         """Rows as the source's COPY reports them (pg_stat_progress_copy), at most every 0.1 s."""
@@ -849,6 +860,7 @@ class Mover:
             except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
                 src.rollback()
                 raise CutoverAborted(f"the shard's tables could not be locked within --max-pause {budget * 1000:.0f} ms (long transactions on them?)") from None
+            waited = time.perf_counter() - t_start > LOCK_WAIT_RECHECK
             mine = self._tables_as_they_stand(src, schema, prepare=not self.opts.offline)
             now = set(mine)
             if now != {t.name for t in self.ctx.tables}:
@@ -858,6 +870,10 @@ class Mover:
                     where=self.ctx.source, hint=f"tables created or dropped mid-move are not replicated: roll back with --rollback {shard} and move again",
                 )
             changed = self._changed_tables(mine, theirs)
+            if not changed and waited and not self.opts.offline:
+                # the locks were waited for: DDL that held one (CREATE INDEX, ALTER TABLE, CREATE POLICY, ...) may
+                # have committed meanwhile, after the check made before the pause
+                changed = self._changed_objects(schema_items(src, schema), their_items)
             if changed:
                 src.rollback()
                 raise MoveError(

@@ -184,35 +184,37 @@ o (kind, name, col, owner, acl) AS (
     JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL
     WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')
   UNION ALL
-    SELECT 'ROUTINE', pg_catalog.quote_ident(p.proname) || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ')', NULL,
+    SELECT 'ROUTINE', p.oid::pg_catalog.regprocedure::text, NULL,  -- schema-qualified (run with an empty search_path)
            p.proowner, coalesce(p.proacl, pg_catalog.acldefault('f', p.proowner))
     FROM pg_catalog.pg_proc p JOIN n ON p.pronamespace = n.oid
   UNION ALL
     SELECT 'TYPE', pg_catalog.quote_ident(t.typname), NULL, t.typowner, coalesce(t.typacl, pg_catalog.acldefault('T', t.typowner))
     FROM pg_catalog.pg_type t JOIN n ON t.typnamespace = n.oid
-    WHERE t.typtype IN ('b', 'd', 'e', 'r') OR t.typtype = 'c' AND (SELECT relkind FROM pg_catalog.pg_class WHERE oid = t.typrelid) = 'c')
+    WHERE t.typtype IN ('b', 'd', 'e', 'r', 'm') OR t.typtype = 'c' AND (SELECT relkind FROM pg_catalog.pg_class WHERE oid = t.typrelid) = 'c')
 SELECT o.kind, o.name, o.col, CASE WHEN e.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(e.grantee)) END,
        e.privilege_type, e.is_grantable
 FROM o, pg_catalog.aclexplode(o.acl) e WHERE e.grantor = o.owner
 """
 
 
-def match_grants_sql(schema: str, source: set[tuple], target: set[tuple]) -> str:
-    """GRANT and REVOKE (run as a superuser: as the owner) that turn the target's owner grants into the source's."""
-    def on(kind: str, name: str | None, col: str | None, priv: str) -> str:
-        what = ident(schema) if kind == "SCHEMA" else f"{kind} {ident(schema)}.{name}"
-        return f"{priv} ({col}) ON {what}" if col else f"{priv} ON {'SCHEMA ' if kind == 'SCHEMA' else ''}{what}"
+def _grant_on(schema: str, kind: str, name: str | None, col: str | None, priv: str) -> str:
+    what = "SCHEMA " + ident(schema) if kind == "SCHEMA" else f"{kind} {name}" if kind == "ROUTINE" else f"{kind} {ident(schema)}.{name}"
+    return f"{priv} ({col}) ON {what}" if col else f"{priv} ON {what}"
 
-    lines = []
+
+def revoke_grants_sql(schema: str, source: set[tuple], target: set[tuple]) -> str:
+    """REVOKE (run as a superuser: as the owner) what the owners granted on the target only. A table's REVOKE
+    takes the same privilege on its columns too: grant_missing_sql, run after, puts back what the source has."""
     plain = {e[:5] for e in source}
-    for kind, name, col, grantee, priv, grantable in sorted(target - source, key=str):
-        if (kind, name, col, grantee, priv) in plain:  # only the grant option differs
-            lines.append(f"REVOKE GRANT OPTION FOR {on(kind, name, col, priv)} FROM {grantee};")
-        else:
-            lines.append(f"REVOKE {on(kind, name, col, priv)} FROM {grantee};")
-    for kind, name, col, grantee, priv, grantable in sorted(source - target, key=str):
-        lines.append(f"GRANT {on(kind, name, col, priv)} TO {grantee}{' WITH GRANT OPTION' if grantable else ''};")
-    return "\n".join(lines)
+    return "\n".join(
+        f"REVOKE GRANT OPTION FOR {_grant_on(schema, k, n, c, p)} FROM {g};" if (k, n, c, g, p) in plain  # only the option differs
+        else f"REVOKE {_grant_on(schema, k, n, c, p)} FROM {g};"
+        for k, n, c, g, p, _ in sorted(target - source, key=str))
+
+
+def grant_missing_sql(schema: str, source: set[tuple], target: set[tuple]) -> str:
+    return "\n".join(f"GRANT {_grant_on(schema, k, n, c, p)} TO {g}{' WITH GRANT OPTION' if opt else ''};"
+                     for k, n, c, g, p, opt in sorted(source - target, key=str))
 
 
 #: The source side of a text-format row stream prints values the way pg_dump does, so any target reads them back.
