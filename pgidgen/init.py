@@ -210,6 +210,13 @@ def plan_init(
                               where=str(config.path) if config.path else None, hint="remove one of them from the config")
         seen.setdefault(st.identity, name)
     check_layouts(config, states, shard_count)
+    for name, st in states.items():
+        lost = sorted(set(st.active) - st.shard_schemas)
+        if lost:
+            raise ConflictError(
+                f"database {name} lists shard{'s' if len(lost) > 1 else ''} {collapse(lost)} in its catalog, but {'their schemas are' if len(lost) > 1 else 'its schema is'} missing",
+                hint="restore the schema from a backup (then its generator state: pgidgen.advance_generator); init never remakes a shard that once handed out IDs",
+            )
     present: dict[int, list[str]] = {}
     for name, st in states.items():
         for s in st.active:

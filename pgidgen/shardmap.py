@@ -101,9 +101,12 @@ def build_map(states: dict[str, CatalogState], unreachable: dict[str, str] | Non
                 m.moving.setdefault(s, {"from": None, "to": None})["from" if state == "moving" else "to"] = name
         for s, (source, target, _step) in st.open_moves.items():  # the journal knows both ends, also before the states change
             m.moving[s] = {"from": source, "to": target}
+    twice: dict[tuple[str, ...], list[int]] = {}  # one line per set of databases, its shards as ranges
     for s, dbs in sorted(holders.items()):
         if len(dbs) > 1:
-            m.problems.append(f"shard {s} is active in more than one database: {', '.join(dbs)}")
+            twice.setdefault(tuple(dbs), []).append(s)
+    for dbs, shards in twice.items():
+        m.problems.append(f"shard{'s' if len(shards) > 1 else ''} {collapse(shards)} {'are' if len(shards) > 1 else 'is'} active in more than one database: {', '.join(dbs)}")
     if m.shard_count is None and states and not m.unreachable and not any(st.foreign_catalog for st in states.values()):
         m.problems.append("no database is initialised: run 'pgidgen init --shards N'")
     if m.shard_count is not None and not m.unreachable:

@@ -297,6 +297,7 @@ def test_one_database_under_two_config_names_is_refused(config: Config, tmp_path
     init(config, 4, ["db1"])
     r = run_cli(path, "map")
     assert r.exit_code == 1 and "PROBLEM: dbA and dbB are the same database" in r.output, r.output
+    assert "PROBLEM: shards 0-3 are active in more than one database: dbA, dbB" in r.output, r.output  # one line, not one per shard
 
 
 def test_an_older_catalog_is_upgraded_by_init_and_by_a_move(config: Config, config_file: Path) -> None:
@@ -451,3 +452,12 @@ def test_a_service_file_keeps_its_options_and_pgidgen_its_session_settings(confi
         assert conn.execute("SELECT current_setting('work_mem'), current_setting('statement_timeout')").fetchone() == ("77MB", "0")
     finally:
         conn.close()
+
+
+def test_init_names_a_shard_whose_schema_was_dropped(config: Config, config_file: Path) -> None:
+    """It said 'nothing to do' (found by a review)."""
+    init(config, 4, ["db1"])
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("DROP SCHEMA shard_2 CASCADE")
+    r = run_cli(config_file, "init", "--shards", "4", "--databases", "db1")
+    assert r.exit_code == 1 and "database db1 lists shard 2 in its catalog, but its schema is missing" in r.output, r.output
