@@ -133,7 +133,7 @@ def locate(config: Config, shard: int, target: str) -> ShardContext:
 def read_tables(conn: psycopg.Connection[Any], schema: str) -> tuple[list[TableInfo], list[str]]:
     tables = [
         TableInfo(name=r[0], persistence=r[1], identity_ok=bool(r[2]), identity=r[3], est_rows=int(r[4]), bytes=int(r[5]),
-                  unequal=("?",) if r[6] else (), replica_triggers=tuple(r[7] or ()))
+                  unequal=unequal_columns(conn, schema, r[0]) if r[6] else (), replica_triggers=tuple(r[7] or ()))
         for r in conn.execute(
             """
             SELECT c.relname, c.relpersistence,
@@ -155,10 +155,6 @@ def read_tables(conn: psycopg.Connection[Any], schema: str) -> tuple[list[TableI
             (schema,),
         )
     ]
-    full = [t for t in tables if t.unequal]
-    if full:
-        for t in full:
-            t.unequal = unequal_columns(conn, schema, t.name)
     for t in tables:
         if t.est_rows < 0:  # never analysed: count, so the progress bar has a total
             t.est_rows = int(conn.execute(f"SELECT count(*) FROM ONLY {_q(schema, t.name)}").fetchone()[0])  # type: ignore[index]

@@ -742,14 +742,8 @@ class Mover:
         """Write a heartbeat on the source and wait until the target has applied it (or the deadline passes).
         The wait is for this very row: a beat is a random number, not a time, so neither a clock that steps back
         nor a resume on another host can make an older beat pass for it."""
-        return self._await_beat(self._send_beat(), deadline)
-
-    def _send_beat(self) -> int:
         beat = secrets.randbits(62) + 1
         execute_script(self.admin, q.heartbeat_sql(self.rec.token, beat))
-        return beat
-
-    def _await_beat(self, beat: int, deadline: float) -> bool:
         while True:
             if self.tgt.execute("SELECT 1 FROM pgidgen.move_heartbeat WHERE token = %s AND beat = %s", (self.rec.token, beat)).fetchone():
                 return True
