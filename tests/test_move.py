@@ -1096,3 +1096,48 @@ def test_ddl_that_commits_while_the_freeze_waits_for_its_lock_stops_the_move(con
         move_shard(config, 1, "db3", hook=index_in_flight)
     assert done.wait(10)
     assert rollback_move(config, 1).status == "rolled_back" and leftovers(config.databases) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["setpriv", "preexec", "neither"])
+def test_copy_children_die_with_the_mover(how: str) -> None:
+    """pg_dump and psql started by a mover die when it is killed with -9 (setpriv --pdeathsig, or a preexec
+    prctl where setpriv is missing), so no copy of theirs goes on behind a dead mover; a child started without it
+    outlives its parent, which shows the check can fail."""
+    import signal
+    import subprocess
+    import sys
+
+    from pgidgen.move import transfer
+
+    if how == "setpriv" and transfer._SETPRIV is None:
+        pytest.skip("setpriv is not installed")
+    script = (
+        "import sys, time\n"
+        "from pgidgen.move import transfer\n"
+        f"if {how!r} == 'preexec': transfer._SETPRIV = None\n"
+        f"p = transfer._spawn(['sleep', '60'], dies_with_parent={how != 'neither'})\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        assert _alive(child)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + (1 if how == "neither" else 10)
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _alive(child) == (how == "neither")
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
