@@ -880,6 +880,59 @@ def test_ddl_on_the_source_during_the_copy_stops_the_move_before_the_flip(config
     assert move_shard(config, 1, "db3").status == "done"  # moved again, the change included
 
 
+def _our_children(name: str) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if comm == name and int(rest[1]) == os.getpid() and rest[0] != "Z":  # a zombie has finished
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.parametrize("ddl,stops,mark", [
+    ("CREATE UNIQUE INDEX ON shard_1.tags (n)", True, "UNIQUE INDEX tags_n_idx"),
+    ("ALTER TABLE shard_1.t ALTER COLUMN note SET DEFAULT 'x'", True, "'x'::text"),
+    ("GRANT SELECT ON shard_1.t TO pg_monitor", False, "pg_monitor=SELECT/"),  # the copy sets its owners' grants to the source's
+])
+def test_ddl_between_the_schema_dump_and_the_snapshot(config: Config, ddl: str, stops: bool, mark: str) -> None:
+    """The schema's pg_dump runs while the move is checked, before the slot's snapshot exists. DDL committed in
+    between is in the rows' snapshot but not in the dump: either the compare before the pause stops the move (as
+    for DDL during the copy), or the copy carries it anyway; never a target that differs."""
+    setup_shards(config, rows=5)
+    seen: list[int] = []
+
+    def change(point: str) -> None:
+        if point == "copy":  # the pg_dump started during the checks: wait until it has read the schema
+            deadline = time.monotonic() + 30
+            while _our_children("pg_dump") and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen.append(len(_our_children("pg_dump")))
+            with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+                c.execute(ddl)
+
+    if stops:
+        with pytest.raises(MoveError, match=r"the tables of shard_1 changed during the move \(only on db1: "):
+            move_shard(config, 1, "db3", hook=change)
+        assert seen == [0]
+        assert state_of(config.dsn("db1"), 1) == ("moving", "shard_1")
+        assert rollback_move(config, 1).status == "rolled_back" and state_of(config.dsn("db1"), 1) == ("active", "shard_1")
+        assert leftovers(config.databases) == []
+        assert move_shard(config, 1, "db3").status == "done"
+    else:
+        assert move_shard(config, 1, "db3", hook=change).status == "done"
+        assert seen == [0]
+    from pgidgen.ddl.drift import schema_items
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as a, psycopg.connect(config.dsn("db3"), autocommit=True) as b:
+        retired = a.execute("SELECT schema_name FROM pgidgen.shards WHERE shard = 1").fetchone()[0]
+        mine = {i for i in schema_items(a, retired) if "pgidgen_retired" not in i}
+        assert mine == schema_items(b, "shard_1")
+        assert any(mark in i for i in mine), sorted(mine)
+
+
 @pytest.mark.parametrize("setup,message", [
     ("CREATE TABLE shard_1.j (a int, j json, pt point); ALTER TABLE shard_1.j REPLICA IDENTITY FULL",
      r"table shard_1\.j has REPLICA IDENTITY FULL and column j, pt of a type without equality"),

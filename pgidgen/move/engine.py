@@ -45,7 +45,7 @@ from .context import (
     read_tables,
 )
 from .journal import POINT_OF_NO_RETURN, Journal, MoveRecord, lock_holder, open_move, release, try_lock
-from .transfer import DUMP_OPTIONS, Transfer, last_line, plan_tables, script_of, tool
+from .transfer import COPY_SECTIONS, DUMP_OPTIONS, SchemaDump, Transfer, last_line, plan_tables, script_of, tool
 from .verify import Verification, compare
 
 Hook = Callable[[str], None]
@@ -148,6 +148,7 @@ def move_shard(
     # The target's connection opens while the source is checked; the mover keeps it.
     opening: Background[psycopg.Connection[Any]] = Background(lambda: connect(target, config.dsn(target), autocommit=True))
     tgt: psycopg.Connection[Any] | None = None
+    early: SchemaDump | None = None
     try:
         ensure_catalog(admin, ctx.source, config)
         if not try_lock(admin, shard):
@@ -159,6 +160,11 @@ def move_shard(
         if row is None or row[0] not in ("active", "moving"):
             raise ConflictError(f"shard {shard} left database {ctx.source} while the move was starting", hint="see 'pgidgen map'")
         ctx.source_schema = ctx.schema
+        if not opts.offline:
+            # The schema's pg_dump (some 50-100 ms, most of it pg_dump reading the catalog) runs while the move is
+            # checked and journaled, instead of after the slot, where the rows wait for the tables it creates.
+            encoding = str(admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
+            early = SchemaDump(config.dsn(ctx.source), ctx.schema, encoding=encoding, sections=COPY_SECTIONS)
         ctx.tables, ctx.sequences = read_tables(admin, ctx.schema)
         check_tables(ctx, online=not opts.offline)
         check_outside_dependents(ctx, admin)
@@ -172,9 +178,12 @@ def move_shard(
             admin, shard=shard, source=ctx.source, target=target, mode="offline" if opts.offline else "online", token=token,
             detail={"tables": [t.name for t in ctx.tables], "max_pause_ms": int(opts.max_pause * 1000)},
         )
-        mover, tgt = Mover(config, ctx, journal, opts, progress, hook, tgt=tgt), None
+        mover, tgt = Mover(config, ctx, journal, opts, progress, hook, tgt=tgt, schema_dump=early), None
+        early = None  # the mover's now
         return mover.run()
     finally:
+        if early is not None:
+            early.close()
         if tgt is None:
             try:
                 tgt = opening.result()
@@ -346,8 +355,10 @@ class Mover:
         hook: Hook | None,
         *,
         tgt: psycopg.Connection[Any] | None = None,
+        schema_dump: SchemaDump | None = None,
     ) -> None:
         self.config = config
+        self.schema_dump = schema_dump  # started before the move was journaled, for the copy step
         self.ctx = ctx
         self.journal = journal
         self.rec = journal.record
@@ -373,6 +384,9 @@ class Mover:
         return self._tgt
 
     def _close(self) -> None:
+        if self.schema_dump is not None:
+            self.schema_dump.close()
+            self.schema_dump = None
         if self.checking is not None:
             self.checking.join()
         for c in (self._tgt, self.snapshot, self.check_src, *(self._take_ahead() or [])):
@@ -619,7 +633,8 @@ class Mover:
         first = self._shard_depends_on_catalog()
         catalog: Background[None] = Background(self._install_target_catalog_apart)
         try:
-            self._transfer(slot, ("pre-data", "post-data"), then=q.target_row_sql(self.ctx.shard, self.ctx.schema, reset_offset=False),
+            dump, self.schema_dump = self.schema_dump, None
+            self._transfer(slot, COPY_SECTIONS, schema_dump=dump, then=q.target_row_sql(self.ctx.shard, self.ctx.schema, reset_offset=False),
                            started=lambda: self.journal.note("copy", consistent_point=created[0]),
                            ready=catalog if first else None, before_then=catalog)
         finally:
@@ -643,22 +658,29 @@ class Mover:
         started: Callable[[], None] | None = None,
         ready: Background[None] | None = None,
         before_then: Background[None] | None = None,
+        schema_dump: SchemaDump | None = None,
     ) -> None:
         """The shard's rows (and the given pg_dump sections around them) into one target transaction, followed by
         `then` in it. snapshot() gives the snapshot to copy at (the online copy creates its slot there): called
         once the tables' formats are planned, so the source's pg_dump and first stream start the moment it returns;
         started() runs right after. ready: work on the target, waited for before the transaction opens;
-        before_then: waited for before `then` runs in it. truncate: the tables exist already (offline), emptying
+        before_then: waited for before `then` runs in it. schema_dump: the sections' pg_dump, started earlier
+        (else the copy starts one at the snapshot). truncate: the tables exist already (offline), emptying
         them in this transaction lets the rows go in frozen all the same."""
         schema = self.ctx.schema
-        plan = plan_tables(self.admin, self.tgt, self.ctx.source_schema or schema, [t.name for t in self.ctx.tables])
-        encoding = str(self.admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
-        # pg_dump's schema makes materialized views WITH NO DATA; those populated on the source are refreshed from
-        # the copied rows (in creation order: one built on another comes later)
-        views = [r[0] for r in self.admin.execute(
-            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'm'"
-            " AND c.relispopulated ORDER BY c.oid", (self.ctx.source_schema or schema,))]
-        tr = Transfer(self.config.dsn(self.ctx.source), schema, plan, snapshot=snapshot(), encoding=encoding, sections=sections)
+        try:
+            plan = plan_tables(self.admin, self.tgt, self.ctx.source_schema or schema, [t.name for t in self.ctx.tables])
+            encoding = str(self.admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
+            # pg_dump's schema makes materialized views WITH NO DATA; those populated on the source are refreshed
+            # from the copied rows (in creation order: one built on another comes later)
+            views = [r[0] for r in self.admin.execute(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'm'"
+                " AND c.relispopulated ORDER BY c.oid", (self.ctx.source_schema or schema,))]
+            tr = Transfer(self.config.dsn(self.ctx.source), schema, plan, snapshot=snapshot(), encoding=encoding, sections=sections, schema_dump=schema_dump)
+        except BaseException:
+            if schema_dump is not None:
+                schema_dump.close()
+            raise
         try:
             tr.start()
             if started is not None:

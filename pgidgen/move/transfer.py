@@ -6,8 +6,9 @@ which pg_restore prints as pre-data, and post-data for indexes and constraints a
 orders them), but each table's rows come from `COPY ... TO STDOUT (FORMAT binary)` in a psql on the source, at
 the given snapshot, and go into `COPY ... FROM STDIN (FORMAT binary, FREEZE)` on the caller's target
 transaction, which created the table: no text conversion, and rows are written frozen, so nothing (the
-verification's scan included) has to set hint bits on every page afterwards. The pg_dump and the first table's
-stream start at once, so their start-up overlaps. psql streams in C; this process only relays large blocks
+verification's scan included) has to set hint bits on every page afterwards. An online move starts the pg_dump
+while it checks the shard, before the snapshot exists (SchemaDump), so its SQL is ready when the first table's
+stream starts; otherwise the two start at once. psql streams in C; this process only relays large blocks
 between a pipe and the target connection.
 
 A table whose columns use types defined in the database (enums, composites, arrays of them) or a source and
@@ -45,6 +46,8 @@ _FIRST_USER_OID = 16384
 OnBlock = Callable[[str, int], None]
 #: What a shard's pg_dump leaves out: the move's own publication and subscription, and server-specific settings.
 DUMP_OPTIONS = ["--no-publications", "--no-subscriptions", "--no-tablespaces", "--no-security-labels"]
+#: The schema an online copy takes from pg_dump: tables and the rest before the rows, indexes and constraints after.
+COPY_SECTIONS = ("pre-data", "post-data")
 
 
 @dataclass
@@ -180,56 +183,37 @@ class _Proc:
                 f.close()
 
 
-class Transfer:
-    """One copy of a shard: start() launches the source side; the caller's target transaction runs restore()
-    (the schema, the rows, indexes and constraints); close() ends whatever still runs."""
+class SchemaDump:
+    """One pg_dump of a schema (pre-data and post-data) in its archive format, uncompressed, which a pg_restore
+    per section prints: pg_restore needs no connection, a second pg_dump would read the whole catalog again while
+    the rows flow. The pg_restores start with the pg_dump, so each has its SQL out a moment after the archive is
+    complete. snapshot: the one the rows are read at; None dumps the schema as it stands (an online move starts
+    its dump before the slot exists, see Mover: what changes in between is caught by the schema compare before
+    the pause, as any DDL during the move is)."""
 
-    def __init__(
-        self,
-        source_dsn: str,
-        schema: str,
-        tables: Sequence[TableCopy],
-        *,
-        snapshot: str | None,
-        encoding: str,
-        sections: Sequence[str] = ("pre-data", "post-data"),
-        freeze: bool = True,
-    ) -> None:
+    def __init__(self, source_dsn: str, schema: str, *, encoding: str, sections: Sequence[str], snapshot: str | None = None) -> None:
         self.dsn, self.env = tool_args(source_dsn)
         self.env["PGCLIENTENCODING"] = encoding
         self.schema = schema
-        self.tables = list(tables)
-        self.snapshot = snapshot
-        self.encoding = encoding
         self.sections = tuple(sections)
-        self.freeze = freeze
-        self.dump: _Proc | None = None
-        self.printing: dict[str, _Proc] = {}  # section -> its pg_restore
+        argv = [tool("pg_dump"), f"--schema={schema}", "--schema-only", "--format=custom", "--compress=0", *DUMP_OPTIONS, "-d", self.dsn]
+        if snapshot:
+            argv += ["--snapshot", snapshot]
         self.tee: threading.Thread | None = None
-        self.streams: dict[str, _Proc] = {}
-        self.bytes = 0
-
-    def __enter__(self) -> Transfer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def start(self) -> None:
-        """The schema's pg_dump (with a pg_restore per section reading its output as it comes) and the first
-        table's stream, at once."""
-        if self.sections:
-            self.dump = self._dump()
+        self.printing: dict[str, _Proc] = {}  # section -> its pg_restore
+        self.dump: _Proc | None = _Proc(argv, self.env, stdout=subprocess.PIPE)
+        try:
             for name in self.sections:
                 self.printing[name] = _Proc([tool("pg_restore"), f"--section={name}", "--file=-"], self.env,
                                             stdout=tempfile.TemporaryFile(), stdin=subprocess.PIPE, connects=False)
-            self.tee = threading.Thread(target=self._tee, daemon=True)
-            self.tee.start()
-        if self.tables:
-            self._stream(self.tables[0])
+        except BaseException:
+            self.close()
+            raise
+        self.tee = threading.Thread(target=self._tee, daemon=True)
+        self.tee.start()
 
     def close(self) -> None:
-        procs = [*([self.dump] if self.dump else []), *self.printing.values(), *self.streams.values()]
+        procs = [*([self.dump] if self.dump else []), *self.printing.values()]
         for p in procs:
             p.kill()
         if self.tee is not None:
@@ -239,17 +223,6 @@ class Transfer:
             p.stop()
         self.dump = None
         self.printing.clear()
-        self.streams.clear()
-
-    def _dump(self) -> _Proc:
-        """One pg_dump of the schema (pre-data and post-data) in its archive format, uncompressed, which a
-        pg_restore per section prints: pg_restore needs no connection, a second pg_dump would read the whole
-        catalog again while the rows flow. The pg_restores start with the pg_dump, so each has its SQL out a
-        moment after the archive is complete."""
-        argv = [tool("pg_dump"), f"--schema={self.schema}", "--schema-only", "--format=custom", "--compress=0", *DUMP_OPTIONS, "-d", self.dsn]
-        if self.snapshot:
-            argv += ["--snapshot", self.snapshot]
-        return _Proc(argv, self.env, stdout=subprocess.PIPE)
 
     def _tee(self) -> None:
         """The archive (the schema only: small) from pg_dump to every pg_restore."""
@@ -288,6 +261,64 @@ class Transfer:
         assert r.out is not None
         r.out.seek(0)
         return script_of(r.out.read(), self.schema)
+
+
+class Transfer:
+    """One copy of a shard: start() launches the source side; the caller's target transaction runs restore()
+    (the schema, the rows, indexes and constraints); close() ends whatever still runs."""
+
+    def __init__(
+        self,
+        source_dsn: str,
+        schema: str,
+        tables: Sequence[TableCopy],
+        *,
+        snapshot: str | None,
+        encoding: str,
+        sections: Sequence[str] = ("pre-data", "post-data"),
+        freeze: bool = True,
+        schema_dump: SchemaDump | None = None,
+    ) -> None:
+        """schema_dump: one started earlier, for these sections (else start() starts one at the snapshot)."""
+        self.source_dsn = source_dsn
+        self.dsn, self.env = tool_args(source_dsn)
+        self.env["PGCLIENTENCODING"] = encoding
+        self.schema = schema
+        self.tables = list(tables)
+        self.snapshot = snapshot
+        self.encoding = encoding
+        self.sections = tuple(sections)
+        self.freeze = freeze
+        self.schema_dump = schema_dump
+        self.streams: dict[str, _Proc] = {}
+        self.bytes = 0
+
+    def __enter__(self) -> Transfer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """The schema's pg_dump (unless one was started earlier) and the first table's stream, at once."""
+        if self.sections and self.schema_dump is None:
+            self.schema_dump = SchemaDump(self.source_dsn, self.schema, encoding=self.encoding, sections=self.sections, snapshot=self.snapshot)
+        if self.tables:
+            self._stream(self.tables[0])
+
+    def close(self) -> None:
+        for p in self.streams.values():
+            p.kill()
+        if self.schema_dump is not None:
+            self.schema_dump.close()
+            self.schema_dump = None
+        for p in self.streams.values():
+            p.stop()
+        self.streams.clear()
+
+    def section(self, section: str) -> bytes:
+        assert self.schema_dump is not None
+        return self.schema_dump.section(section)
 
     def _stream(self, table: TableCopy) -> _Proc:
         cmds = ["SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"]
