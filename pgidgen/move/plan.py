@@ -73,8 +73,8 @@ def render_plan(
             PlannedStep("publication", source, "publish the shard's tables and this move's heartbeat row", q.publication_sql(names, refs)),
             PlannedStep("copy", target, catalog + ", beside the slot and pg_dump"),
             PlannedStep("copy", f"{source} -> {target}", "a logical slot exporting a snapshot (replication connection), then the shard at"
-                        f" that snapshot, in one target transaction: the pre-data of pg_dump --snapshot=<snapshot> --schema-only --schema={schema}"
-                        " (printed by pg_restore --section=pre-data), each table's rows as a binary COPY stream (psql at the snapshot on the"
+                        f" that snapshot, in one target transaction: the pre-data of pg_dump --schema-only --schema={schema} (started during"
+                        " the checks, before the snapshot; printed by pg_restore --section=pre-data), each table's rows as a binary COPY stream (psql at the snapshot on the"
                         " source), its post-data (indexes and constraints), and the target's catalog row",
                         q.slot_sql(names) + ";\n" + _copy_sql(schema, streams) + q.target_row_sql(shard, schema, reset_offset=False)),
             PlannedStep("subscription", target, "subscribe without copying: apply streams every change after the snapshot",
