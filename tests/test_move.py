@@ -72,6 +72,7 @@ def open_moves(dsn: str) -> int:
 # -- the main path ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.sensitive
 def test_move_under_continuous_writer(config: Config) -> None:
     setup_shards(config)
     before = rows_of(config.dsn("db1"), "shard_1")
@@ -148,6 +149,7 @@ def test_move_back_and_verify_cli(config: Config, config_file: Path) -> None:
     assert leftovers(config.databases) == []
 
 
+@pytest.mark.sensitive
 def test_offline_move(config: Config) -> None:
     setup_shards(config, rows=100)
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
@@ -1076,6 +1078,7 @@ def test_an_outside_object_made_during_the_move_stops_it_and_drop_source_keeps_a
     assert state_of(config.dsn("db3"), 1) == ("active", "shard_1") and leftovers(config.databases) == []
 
 
+@pytest.mark.sensitive
 @pytest.mark.parametrize("offline", [False, True])
 def test_default_privileges_on_the_target_do_not_change_the_shards_grants(config: Config, offline: bool) -> None:
     """The restore runs as the target's superuser, whose default privileges (ALTER DEFAULT PRIVILEGES) added

@@ -44,6 +44,7 @@ from .context import (
     read_states,
     read_tables,
 )
+from .compat import check_clients, check_restorable
 from .journal import POINT_OF_NO_RETURN, Journal, MoveRecord, lock_holder, open_move, release, try_lock
 from .transfer import COPY_SECTIONS, DUMP_OPTIONS, SchemaDump, Transfer, last_line, plan_tables, script_of, tool
 from .verify import Verification, compare
@@ -160,6 +161,7 @@ def move_shard(
         if row is None or row[0] not in ("active", "moving"):
             raise ConflictError(f"shard {shard} left database {ctx.source} while the move was starting", hint="see 'pgidgen map'")
         ctx.source_schema = ctx.schema
+        check_clients(ctx, admin)
         if not opts.offline:
             # The schema's pg_dump (some 50-100 ms, most of it pg_dump reading the catalog) runs while the move is
             # checked and journaled, instead of after the slot, where the rows wait for the tables it creates.
@@ -171,6 +173,7 @@ def move_shard(
         tgt = opening.result()
         check_roles(ctx, admin, tgt)
         check_external_references(ctx, admin, tgt)
+        check_restorable(ctx, config.dsn(ctx.source), admin, tgt, schema_dump=early)
         if not opts.offline:
             check_servers(ctx, admin, tgt)
         token = f"{shard}_{secrets.token_hex(4)}"

@@ -194,6 +194,7 @@ o (kind, name, col, owner, acl) AS (
 SELECT o.kind, o.name, o.col, CASE WHEN e.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(e.grantee)) END,
        e.privilege_type, e.is_grantable
 FROM o, pg_catalog.aclexplode(o.acl) e WHERE e.grantor = o.owner
+  AND NOT (e.privilege_type = 'MAINTAIN' AND e.grantee = o.owner)  -- every owner's own on 17+, unknown before
 """
 
 
