@@ -591,3 +591,6 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
         done = len(result.plan.moves) - len(result.failures)
         raise click.ClickException(f"{len(result.failures)} of {len(result.plan.moves)} moves failed"
                                    + (f"; the other {done} are done (see above)" if done else " (see above)"))
+
+
+from . import cli_check  # noqa: E402,F401  (registers `pgidgen check`)

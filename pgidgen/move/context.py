@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 import psycopg
 
 from ..catalog import CatalogState, read_state
 from ..config import Config
 from ..db import connect, read_each
-from ..errors import ConfigError, ConflictError, DatabaseError, InputError
+from ..errors import ConfigError, ConflictError, DatabaseError, InputError, PgidgenError
 from ..idgen import schema_name
 from ..layout import Layout
 from .journal import POINT_OF_NO_RETURN, lock_holder, open_move
@@ -252,43 +252,51 @@ def check_tables(ctx: ShardContext, *, online: bool) -> None:
             )
 
 
-def check_servers(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any]) -> None:
-    """Replication prerequisites on both servers, each with the setting to change."""
-    wal_level, max_slots, slots, max_senders, senders, can_replicate = src.execute(
-        "SELECT current_setting('wal_level'), current_setting('max_replication_slots')::int,"
-        " (SELECT count(*) FROM pg_replication_slots)::int, current_setting('max_wal_senders')::int,"
-        " (SELECT count(*) FROM pg_stat_replication)::int,"
-        " (SELECT rolsuper OR rolreplication FROM pg_roles WHERE rolname = current_user)"
-    ).fetchone()  # type: ignore[misc]
-    max_workers, workers, superuser = tgt.execute(
-        "SELECT current_setting('max_logical_replication_workers')::int,"
-        " (SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL)::int,"
-        " (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
-    ).fetchone()  # type: ignore[misc]
-    if wal_level != "logical":
-        raise MoveError(
-            f"database {ctx.source} has wal_level = {wal_level}, an online move needs logical",
-            hint="set wal_level = logical and restart that server, or move with --offline (writes pause for the whole copy)",
-        )
-    if max_slots - slots < 1:
-        raise MoveError(
-            f"database {ctx.source} has no free replication slot (max_replication_slots = {max_slots})",
-            hint="raise max_replication_slots (restart), or drop unused slots (pg_replication_slots)",
-        )
-    if max_senders - senders < 2:
-        raise MoveError(
-            f"database {ctx.source} has {max_senders - senders} free WAL senders, the move needs 2",
-            hint="raise max_wal_senders (restart)",
-        )
-    if max_workers - workers < 1:
-        raise MoveError(
-            f"database {ctx.target} has no free logical replication worker (max_logical_replication_workers = {max_workers})",
-            hint="raise max_logical_replication_workers (and max_worker_processes) and restart, or wait for other moves to finish",
-        )
-    if not can_replicate:
-        raise MoveError(f"the role pgidgen uses on {ctx.source} may not replicate", hint="connect as a superuser or a role WITH REPLICATION")
-    if not superuser:
-        raise MoveError(f"the role pgidgen uses on {ctx.target} is not a superuser", hint="CREATE SUBSCRIPTION needs a superuser in PostgreSQL 15")
+def check_servers(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], *, conninfo: str | None = None) -> None:
+    """What an online move needs of both servers and of the roles pgidgen uses on them: check_pair."""
+    check_pair(ctx.source, ctx.target, src, tgt, conninfo=conninfo)
+
+
+def check_pair(source: str, target: str, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], *, conninfo: str | None = None) -> None:
+    """pgidgen.check's findings that stop an online move from source to target (the same `pgidgen check` prints),
+    the first as a MoveError with what to change; with conninfo (what the subscription will use), whether the
+    target's server can log in to the source with it."""
+    from ..check import Facts, failures_for_move, probe_subscription, reach_finding, unasked_password
+
+    source_facts, target_facts = Facts.read(src), Facts.read(tgt)
+    for f in failures_for_move(source, source_facts, target, target_facts):
+        raise MoveError(f.text, where=f.database, hint=f.fix)
+    if conninfo is not None:
+        reason = unasked_password(src, target_facts) or probe_subscription(tgt, conninfo)
+        if reason is not None:
+            f = reach_finding(target, source, reason)
+            raise MoveError(f.text, where=f.database, hint=f.fix)
+
+
+def preflight(config: Config, pairs: Iterable[tuple[str, str]], *, online: bool = True, conninfo: str | None = None) -> None:
+    """The checks of check_servers (and the pg_dump check), once for every (source, target) pair of a rebalance,
+    before any move is journaled: a problem that would fail every move of a pair stops them all up front."""
+    from .. import pgbin
+    from ..check import conninfo_for_subscription
+    from ..versions import major
+
+    pairs = sorted(set(pairs))
+    conns: dict[str, psycopg.Connection[Any]] = {}
+    try:
+        for name in sorted({n for pair in pairs for n in pair}):
+            conns[name] = connect(name, config.dsn(name), autocommit=True)
+        for name in sorted({s for s, _ in pairs}):  # a pg_dump too old for a source fails every move from it
+            try:
+                pgbin.clients_for(major(conns[name]))
+            except PgidgenError as e:
+                raise MoveError(e.what, where=name, hint=e.hint) from None
+        if online:
+            for source, target in pairs:
+                check_pair(source, target, conns[source], conns[target],
+                           conninfo=conninfo_for_subscription(conninfo or config.dsn(source), conns[source]))
+    finally:
+        for c in conns.values():
+            c.close()
 
 
 #: Every role the shard's schema refers to: owners of the schema and its objects (relations, functions, types,

@@ -22,7 +22,7 @@ import psycopg
 from ..config import Config
 from .. import redact
 from ..ddl.drift import schema_items
-from ..db import connect, execute_script, own_session, session_conninfo, pg_message, scrub, tool_args
+from ..db import connect, execute_script, own_session, pg_message, scrub, tool_args
 from ..errors import ConflictError, DatabaseError, PgidgenError
 from ..ddl.ledger import DDL_LOCK, ledger_copy_sql
 from ..idgen import CATALOG_REVISION, CATALOG_REVISION_SQL, INIT_LOCK, LOCK_CLASS, check_argument_order, render_catalog
@@ -44,6 +44,7 @@ from .context import (
     read_states,
     read_tables,
 )
+from ..check import conninfo_for_subscription, subscribe_quietly
 from .compat import check_clients, check_restorable
 from .journal import POINT_OF_NO_RETURN, Journal, MoveRecord, lock_holder, open_move, release, try_lock
 from .transfer import COPY_SECTIONS, DUMP_OPTIONS, SchemaDump, Transfer, last_line, plan_tables, script_of, tool
@@ -175,7 +176,7 @@ def move_shard(
         check_external_references(ctx, admin, tgt)
         check_restorable(ctx, config.dsn(ctx.source), admin, tgt, schema_dump=early)
         if not opts.offline:
-            check_servers(ctx, admin, tgt)
+            check_servers(ctx, admin, tgt, conninfo=conninfo_for_subscription(opts.subscription_conninfo or config.dsn(ctx.source), admin))
         token = f"{shard}_{secrets.token_hex(4)}"
         journal = Journal.open_new(
             admin, shard=shard, source=ctx.source, target=target, mode="offline" if opts.offline else "online", token=token,
@@ -573,24 +574,15 @@ class Mover:
     def step_subscription(self) -> None:
         row = self.tgt.execute("SELECT oid FROM pg_subscription WHERE subname = %s", (self.names.subscription,)).fetchone()
         if row is None:
-            conninfo = session_conninfo(self.opts.subscription_conninfo or self.config.dsn(self.ctx.source), self.admin.info.server_version)
-            try:
-                # a failed statement is logged with its text, which holds the connection string: not this one
-                # (a superuser setting; CREATE SUBSCRIPTION needs one on PostgreSQL 15 anyway)
-                try:
-                    self.tgt.execute("SET log_min_error_statement = panic")
-                except psycopg.errors.InsufficientPrivilege:
-                    pass
-                execute_script(self.tgt, q.subscription_sql(self.names, conninfo))
-            except psycopg.Error as e:
+            conninfo = conninfo_for_subscription(self.opts.subscription_conninfo or self.config.dsn(self.ctx.source), self.admin)
+            # a failed CREATE SUBSCRIPTION is logged with its text, which holds the password: run so that it is not
+            failed = subscribe_quietly(self.tgt, q.subscription_sql(self.names, conninfo), keep=True)
+            if failed is not None:
                 raise MoveError(
-                    f"database {self.ctx.target} could not subscribe to {self.ctx.source}: {pg_message(e)}",
-                    hint=f"the target server itself must reach the source with the connection string in the config (trust, ~/.pgpass of its OS user);"
+                    f"database {self.ctx.target} could not subscribe to {self.ctx.source}: {failed}",
+                    hint=f"the target server itself must reach the source with the connection string in the config (with the password pgidgen logged in with; 'pgidgen check' tests it);"
                          f" then 'pgidgen move-shard {self.ctx.shard} --resume' (with --subscription-dsn DSN if it needs another one), or '--rollback'",
-                ) from None
-            finally:
-                if not self.tgt.closed and self.tgt.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-                    self.tgt.execute("RESET log_min_error_statement")
+                )
             row = self.tgt.execute("SELECT oid FROM pg_subscription WHERE subname = %s", (self.names.subscription,)).fetchone()
         assert row is not None
         self.journal.note("subscription", subscription_oid=int(row[0]))

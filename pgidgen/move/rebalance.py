@@ -20,9 +20,7 @@ from ..config import Config
 from ..db import connect, pg_message
 from ..errors import ConfigError, PgidgenError
 from ..ranges import collapse
-from .. import pgbin
-from ..versions import major
-from .context import MoveError, read_states
+from .context import MoveError, preflight, read_states
 from .engine import MoveOptions, MoveReport, ensure_catalog, move_shard
 
 
@@ -169,11 +167,8 @@ def rebalance(
     if not plan.moves:
         return result
     layout_state, _ = read_states(config, need=tuple({m.source for m in plan.moves} | {m.target for m in plan.moves}))
-    for name in sorted({m.source for m in plan.moves}):  # a pg_dump too old for a source fails every move from it
-        try:
-            pgbin.clients_for(major(layout_state[name].server_version))
-        except PgidgenError as e:
-            raise MoveError(e.what, where=name, hint=e.hint) from None
+    preflight(config, [(m.source, m.target) for m in plan.moves], online=not (options and options.offline),
+              conninfo=options.subscription_conninfo if options else None)
     # catalogs first, one database at a time: concurrent first-time installs would collide
     any_state = next(st for st in layout_state.values() if st.layout is not None)
     for name in sorted({m.source for m in plan.moves} | {m.target for m in plan.moves}):

@@ -1,0 +1,273 @@
+"""Least privilege: everything as a role that owns its database and has REPLICATION (and, on 16+, membership of
+pg_create_subscription), logging in with scram-sha-256 — what managed services give; and `pgidgen check`
+naming what is missing (wal_level, free slots, REPLICATION), which move-shard refuses before journaling.
+
+Its DSNs carry no password: it comes from PGPASSWORD, as a secret from the environment would. The subscription
+must carry it (PostgreSQL's password_required for non-superusers), and no output, log line or journal row may.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import psycopg
+import pytest
+from click.testing import CliRunner, Result
+from movekit import Writer, leftovers
+from privkit import Grant, drop, least_privileged, names
+
+from conftest import TestServer, fresh_database
+from pgidgen import sandbox
+from pgidgen.cli import main
+from pgidgen.config import write_config
+from pgidgen.layout import Layout
+
+DDL = "CREATE TABLE t (id bigint PRIMARY KEY DEFAULT next_id(), v int NOT NULL);\n"
+
+
+class Owner:
+    """Two databases on two servers owned by one least-privileged role, and a config naming them."""
+
+    def __init__(self, servers: list[sandbox.Server], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, grant: Grant | None = None) -> None:
+        self.role, self.password, self.dbname = names()
+        self.servers = servers
+        self.dsns = {f"db{i + 1}": least_privileged(s, self.role, self.password, self.dbname, grant) for i, s in enumerate(servers)}
+        monkeypatch.setenv("PGPASSWORD", self.password)
+        self.path = tmp_path / "pgidgen.toml"
+        write_config(self.path, Layout.make(), self.dsns)
+        self.outputs: list[str] = []
+
+    def cli(self, *args: str) -> Result:
+        r = CliRunner().invoke(main, ["--config", str(self.path), *args])
+        self.outputs.append(r.output)
+        return r
+
+    def major(self, name: str = "db1") -> int:
+        with psycopg.connect(self.dsns[name]) as c:
+            return c.info.server_version // 10000
+
+    def moves(self) -> list[str]:
+        with psycopg.connect(self.dsns["db1"]) as c:
+            return [str(r[0]) for r in c.execute("SELECT m::text FROM pgidgen.moves m")]
+
+    def assert_password_nowhere(self) -> None:
+        for out in self.outputs:
+            assert self.password not in out
+        for s in self.servers:
+            assert self.password not in Path(s.logfile).read_text(errors="replace"), f"{s.name}'s server log"
+        assert not any(self.password in m for m in self.moves()), "the journal"
+
+    def close(self) -> None:
+        for s in self.servers:
+            drop(s, self.dbname)
+
+
+def _sandboxed(servers: list[TestServer]) -> list[sandbox.Server]:
+    if any(s.server is None for s in servers):
+        pytest.skip("needs the tests' own servers (their pg_hba.conf), not PGIDGEN_TEST_DSNS")
+    return [s.server for s in servers if s.server is not None]
+
+
+@pytest.fixture
+def owner(pg_servers: list[TestServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Owner]:
+    o = Owner(_sandboxed(pg_servers[:2]), tmp_path, monkeypatch)
+    try:
+        yield o
+    finally:
+        o.close()
+
+
+def _fill(dsn: str, shard: int, rows: int = 200) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f"INSERT INTO shard_{shard}.t (v) SELECT g FROM generate_series(1, {rows}) g")
+
+
+def _ids(dsn: str, shard: int) -> set[int]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return {r[0] for r in c.execute(f"SELECT id FROM shard_{shard}.t")}
+
+
+def _move_under_writer(o: Owner, shard: int, target: str, *extra: str) -> tuple[Result, Writer]:
+    writer = Writer(o.dsns, shard)
+    writer.start()
+    time.sleep(0.3)
+    r = o.cli("move-shard", str(shard), target, *extra)
+    time.sleep(0.3)
+    writer.stop()
+    return r, writer
+
+
+def _assert_moved(o: Owner, r: Result, writer: Writer, shard: int, before: set[int], target: str) -> None:
+    assert r.exit_code == 0, r.output
+    assert "moved shard" in r.output and "all match" in r.output, r.output
+    ids = writer.ids
+    assert ids and len(set(ids)) == len(ids) and ids == sorted(ids), "no duplicate, IDs only ever grew"
+    assert _ids(o.dsns[target], shard) == before | set(ids), "nothing lost"
+
+
+@pytest.mark.sensitive
+def test_a_least_privileged_role_inits_applies_ddl_and_moves(owner: Owner, tmp_path: Path) -> None:
+    o = owner
+    major = o.major()
+    ddl = tmp_path / "t.sql"
+    ddl.write_text(DDL)
+    r = o.cli("init", "--shards", "4", "--databases", "db1")
+    assert r.exit_code == 0, r.output
+    assert o.cli("apply-ddl", str(ddl)).exit_code == 0
+    _fill(o.dsns["db1"], 1)
+    before = _ids(o.dsns["db1"], 1)
+    check = o.cli("check")
+    if major >= 16:
+        assert check.exit_code == 0, check.output
+        assert f"db2: ok subscription: role {o.role} may create subscriptions (member of pg_create_subscription" in check.output
+        assert "db2: ok reach db1: the server logs in to db1 as a subscription would" in check.output
+        r, writer = _move_under_writer(o, 1, "db2")
+        _assert_moved(o, r, writer, 1, before, "db2")
+    else:
+        assert check.exit_code == 1
+        assert (f"db2: FAIL subscription: role {o.role} is not a superuser: on PostgreSQL 15 only a superuser may"
+                " CREATE SUBSCRIPTION") in check.output, check.output
+        r = o.cli("move-shard", "1", "db2")
+        assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+        assert "only a superuser may CREATE SUBSCRIPTION" in r.output and "--offline" in r.output, r.output
+        assert o.moves() == [], "nothing journaled"
+        # the least-privileged alternative: an offline move, under the same writer
+        r, writer = _move_under_writer(o, 1, "db2", "--offline")
+        _assert_moved(o, r, writer, 1, before, "db2")
+    assert o.cli("status", "--drift").exit_code == 0
+    assert leftovers(o.dsns) == []
+    o.assert_password_nowhere()
+
+
+def test_check_names_a_role_without_replication(pg_servers: list[TestServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    o = Owner(_sandboxed(pg_servers[:2]), tmp_path, monkeypatch, Grant(replication=False))
+    try:
+        assert o.cli("init", "--shards", "4", "--databases", "db1").exit_code == 0
+        r = o.cli("check")
+        assert r.exit_code == 1
+        assert (f"db1: FAIL replication: role {o.role} lacks REPLICATION, which an online move out of this database needs:"
+                f" ALTER ROLE {o.role} REPLICATION") in r.output, r.output
+        r = o.cli("move-shard", "1", "db2")
+        assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+        assert f"role {o.role} lacks REPLICATION" in r.output and "(db1)" in r.output, r.output
+        assert o.moves() == [], "nothing journaled"
+        assert leftovers(o.dsns) == []
+        o.assert_password_nowhere()
+    finally:
+        o.close()
+
+
+@pytest.fixture(scope="module")
+def replica_server() -> Iterator[sandbox.Server]:
+    """A server with wal_level = replica and its only replication slot taken (a physical one)."""
+    root = sandbox.make_root()
+    server = sandbox.create_server(root, "walreplica", settings={"wal_level": "replica", "max_replication_slots": "1"})
+    try:
+        with psycopg.connect(server.dsn, autocommit=True) as c:
+            c.execute("SELECT pg_create_physical_replication_slot('standby_1')")
+        yield server
+    finally:
+        sandbox.destroy([server], root)
+
+
+def test_check_names_wal_level_and_no_free_slot(replica_server: sandbox.Server, pg_servers: list[TestServer], tmp_path: Path) -> None:
+    other = TestServer("db2", pg_servers[1].dsn, pg_servers[1].server)
+    a, b = fresh_database(TestServer("db1", replica_server.dsn, replica_server)), fresh_database(other)
+    try:
+        dsns = {"db1": next(a), "db2": next(b)}
+        path = tmp_path / "pgidgen.toml"
+        write_config(path, Layout.make(), dsns)
+
+        def cli(*args: str) -> Result:
+            return CliRunner().invoke(main, ["--config", str(path), *args])
+
+        assert cli("init", "--shards", "4", "--databases", "db1").exit_code == 0
+        r = cli("check")
+        assert r.exit_code == 1
+        assert "db1: FAIL wal_level: wal_level = replica, an online move out of it needs logical: set wal_level = logical and restart" in r.output, r.output
+        assert "db1: FAIL slots: 0 of max_replication_slots = 1 free: raise max_replication_slots" in r.output, r.output
+        assert "db2: ok wal_level: logical" in r.output
+        r = cli("check", "--json")
+        failed = {(f["database"], f["item"]) for f in __import__("json").loads(r.output)["findings"] if not f["ok"]}
+        assert failed == {("db1", "wal_level"), ("db1", "slots")}, r.output
+        for args in (["move-shard", "1", "db2"], ["rebalance"]):  # rebalance: once for the pair, before any move
+            r = cli(*args)
+            assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+            assert "wal_level = replica" in r.output and "--offline" in r.output, r.output
+        with psycopg.connect(dsns["db1"]) as c:
+            assert c.execute("SELECT count(*) FROM pgidgen.moves").fetchone()[0] == 0, "nothing journaled"
+        with psycopg.connect(dsns["db2"]) as c:
+            assert c.execute("SELECT to_regnamespace('pgidgen')").fetchone()[0] is None, "nothing written on the target"
+        assert cli("move-shard", "1", "db2", "--offline").exit_code == 0, "the alternative the error offers works"
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.sensitive
+def test_check_names_a_target_that_cannot_reach_the_source(pg_servers: list[TestServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The subscription's login is tried from the target's server itself: here the source trusts pgidgen's DSN (no
+    password) while the target's role is no superuser, so PostgreSQL refuses its subscription a passwordless
+    login. pgidgen's own connections all work; `check` and move-shard name the problem, before journaling."""
+    servers = _sandboxed(pg_servers[:2])
+    o = Owner(servers, tmp_path, monkeypatch)
+    a = fresh_database(pg_servers[0])
+    try:
+        if o.major("db2") < 16:
+            pytest.skip("on 15 only a superuser may subscribe (the test above): there is no login to try")
+        dsns = {"db1": next(a), "db2": o.dsns["db2"]}
+        write_config(o.path, Layout.make(), dsns)
+        o.dsns = dsns
+        assert o.cli("init", "--shards", "4", "--databases", "db1").exit_code == 0
+        r = o.cli("check")
+        assert r.exit_code == 1
+        line = next((ln for ln in r.output.splitlines() if ln.startswith("db2: FAIL reach db1:")), "")
+        assert "the server cannot log in to db1 as a subscription: the source lets role postgres in without asking for a password" in line, r.output
+        assert "FAIL" not in r.output.replace(line, ""), r.output
+        r = o.cli("move-shard", "1", "db2")
+        assert r.exit_code == 1 and r.output.count("\n") == 1 and "cannot log in to db1 as a subscription" in r.output, r.output
+        with psycopg.connect(dsns["db1"]) as c:
+            assert c.execute("SELECT count(*) FROM pgidgen.moves").fetchone()[0] == 0, "nothing journaled"
+        assert leftovers(dsns) == []
+    finally:
+        a.close()
+        o.close()
+
+
+# -- across majors, as the least-privileged role -------------------------------------------------------
+
+
+@pytest.fixture
+def owner_16_18(pg_major_server: Callable[[int], TestServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Owner]:
+    servers = [pg_major_server(16), pg_major_server(18)]
+    for s in servers:
+        with psycopg.connect(s.dsn, autocommit=True) as c:  # 16 starts subscriptions at most every 5 s otherwise
+            c.execute("ALTER SYSTEM SET wal_retrieve_retry_interval = '100ms'")
+            c.execute("SELECT pg_reload_conf()")
+    o = Owner(_sandboxed(servers), tmp_path, monkeypatch)
+    try:
+        yield o
+    finally:
+        o.close()
+
+
+@pytest.mark.versions
+def test_least_privileged_moves_16_to_18_and_back(owner_16_18: Owner, tmp_path: Path) -> None:
+    """scram-sha-256, no superuser: init and apply-ddl on 16, a move up to 18 under a writer, and back down."""
+    o = owner_16_18
+    assert (o.major("db1"), o.major("db2")) == (16, 18)
+    ddl = tmp_path / "t.sql"
+    ddl.write_text(DDL)
+    assert o.cli("init", "--shards", "4", "--databases", "db1").exit_code == 0
+    assert o.cli("apply-ddl", str(ddl)).exit_code == 0
+    _fill(o.dsns["db1"], 2)
+    before = _ids(o.dsns["db1"], 2)
+    r, writer = _move_under_writer(o, 2, "db2")
+    _assert_moved(o, r, writer, 2, before, "db2")
+    before = _ids(o.dsns["db2"], 2)
+    assert o.cli("move-shard", "--cleanup", "2").exit_code == 0
+    r, writer = _move_under_writer(o, 2, "db1")
+    _assert_moved(o, r, writer, 2, before, "db1")
+    assert leftovers(o.dsns) == []
+    o.assert_password_nowhere()
