@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import psycopg
-from common import best_of, row, section, servers, table
+from common import best_of, client, row, section, servers, table
 
 from pgidgen.config import Config
 from pgidgen.ddl import parse_file
@@ -57,7 +57,7 @@ def reset(config: Config) -> None:
 
 def psql_parallel(files: dict[str, Path], config: Config) -> None:
     procs = [
-        subprocess.Popen(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", config.databases[name], "-f", str(path)], stdout=subprocess.DEVNULL)
+        subprocess.Popen([client("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", config.databases[name], "-f", str(path)], stdout=subprocess.DEVNULL)
         for name, path in files.items()
     ]
     for p in procs:

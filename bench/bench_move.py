@@ -34,7 +34,7 @@ from pathlib import Path
 
 import psycopg
 
-from common import row, section, servers, table
+from common import client, row, section, servers, table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from movekit import Writer  # noqa: E402
@@ -109,8 +109,8 @@ class WriterProcess:
 
 def baseline(src: str, base: str) -> float:
     t0 = time.perf_counter()
-    dump = subprocess.Popen(["pg_dump", "--schema=shard_1", "-d", src], stdout=subprocess.PIPE)
-    subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", base], stdin=dump.stdout, check=True, stdout=subprocess.DEVNULL)
+    dump = subprocess.Popen([client("pg_dump"), "--schema=shard_1", "-d", src], stdout=subprocess.PIPE)
+    subprocess.run([client("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", base], stdin=dump.stdout, check=True, stdout=subprocess.DEVNULL)
     assert dump.stdout is not None
     dump.stdout.close()
     assert dump.wait() == 0
@@ -120,9 +120,9 @@ def baseline(src: str, base: str) -> float:
 def floor(src: str, dst: str) -> float:
     """The verified copy with nothing else (see the module docstring): rows, primary key, both checksums."""
     t0 = time.perf_counter()
-    out = subprocess.Popen(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", src, "-c", "COPY shard_1.t (id, v, note) TO STDOUT (FORMAT binary)"],
+    out = subprocess.Popen([client("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", src, "-c", "COPY shard_1.t (id, v, note) TO STDOUT (FORMAT binary)"],
                            stdout=subprocess.PIPE)
-    subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-d", dst,
+    subprocess.run([client("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-d", dst,
                     "-c", "CREATE SCHEMA shard_1", "-c", "CREATE TABLE shard_1.t (id bigint NOT NULL, v int, note text)",
                     "-c", "COPY shard_1.t (id, v, note) FROM STDIN (FORMAT binary, FREEZE)",
                     "-c", "ALTER TABLE shard_1.t ADD PRIMARY KEY (id)"], stdin=out.stdout, check=True, stdout=subprocess.DEVNULL)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -19,7 +18,7 @@ from typing import Callable
 
 import psycopg
 
-from common import psql, row, section, servers
+from common import client, psql, row, section, servers
 
 from pgidgen.config import Config
 from pgidgen.init import init
@@ -44,12 +43,7 @@ PER_ID = {
 
 
 def pgbench_bin() -> str:
-    found = shutil.which("pgbench")
-    if found:
-        return found
-    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin/pgbench")):
-        return str(candidate)
-    raise RuntimeError("pgbench not found (Debian: postgresql-client)")
+    return client("pgbench")
 
 
 def per_id_costs(dsn: str) -> dict[str, float]:

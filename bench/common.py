@@ -8,16 +8,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from pgidgen import sandbox
+from pgidgen import pgbin, sandbox
+
+
+def client(program: str) -> str:
+    """psql, pg_dump, pgbench: the newest client programs pgidgen finds (no system PostgreSQL needed)."""
+    return str(pgbin.newest_client(program))
 
 
 @contextmanager
-def servers(count: int, **settings: str) -> Iterator[list[sandbox.Server]]:
+def servers(count: int, *, major: int | None = None, **settings: str) -> Iterator[list[sandbox.Server]]:
+    """count throwaway servers of PostgreSQL `major` (default: PGIDGEN_PG_VERSION, else the newest found)."""
     root = sandbox.make_root()
     started: list[sandbox.Server] = []
     try:
         for i in range(count):
-            started.append(sandbox.create_server(root, f"db{i + 1}", settings=settings or None))
+            started.append(sandbox.create_server(root, f"db{i + 1}", settings=settings or None, major=major))
         yield started
     finally:
         sandbox.destroy(started, root)
@@ -40,7 +46,7 @@ def best_of(n: int, fn: Callable[[], object], setup: Callable[[], object] | None
 
 
 def psql(dsn: str, *, file: Path | None = None, command: str | None = None, quiet: bool = True) -> None:
-    argv = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn]
+    argv = [client("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn]
     if file is not None:
         argv += ["-f", str(file)]
     if command is not None:
