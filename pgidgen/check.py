@@ -27,7 +27,7 @@ import psycopg.conninfo
 from psycopg import sql
 
 from . import pgbin, redact
-from .db import pg_message, session_conninfo
+from .db import session_conninfo
 from .errors import PgidgenError
 from .versions import has, major
 

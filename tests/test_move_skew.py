@@ -9,7 +9,7 @@ from typing import Iterator
 import psycopg
 import pytest
 from movekit import Writer, leftovers
-from test_move import setup_shards
+from moveshards import setup_shards
 
 from pgidgen import sandbox
 from pgidgen.config import Config

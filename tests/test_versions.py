@@ -185,7 +185,7 @@ def test_a_pg_dump_older_than_the_source_is_refused_before_anything_is_journaled
         (old / program).write_text(f"#!/bin/sh\necho '{program} (PostgreSQL) 15.4'\n")
         (old / program).chmod(0o755)
     monkeypatch.setenv("PGIDGEN_CLIENT_BINDIR", str(old))
-    expected = (f"Error: pg_dump 15.4 (PGIDGEN_CLIENT_BINDIR) cannot dump a PostgreSQL 18 server (db1): install PostgreSQL 18's"
+    expected = ("Error: pg_dump 15.4 (PGIDGEN_CLIENT_BINDIR) cannot dump a PostgreSQL 18 server (db1): install PostgreSQL 18's"
                 " or a newer client (pip install 'pgidgen[sandbox]' brings 18's), or set PGIDGEN_CLIENT_BINDIR to one\n")
     cfg = tmp_path / "pgidgen.toml"
     write_config(cfg, config.layout, config.databases)

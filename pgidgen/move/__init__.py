@@ -3,7 +3,9 @@
 - context.py   finding the shard and the read-only checks before a move
 - sqltext.py   every statement a move runs, rendered as text (the dry run prints these)
 - journal.py   the journal on the source database: each step recorded before it runs
-- engine.py    the steps: copy by logical replication, cutover, activate, teardown; resume and rollback
+- engine.py    the driver: checks, journal, the steps in order; resume and rollback
+- steps/       one module per phase: prepare, copy, replication (publication, subscription, catchup, teardown),
+               cutover, activate, verify, rollback
 - transfer.py  the rows: binary COPY streams at the slot's snapshot into one target transaction
 - verify.py    per-table row counts and checksums
 - cleanup.py   --verify afterwards, and --cleanup of the retired source copy

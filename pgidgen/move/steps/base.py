@@ -1,0 +1,298 @@
+"""What every phase of a move shares: its options and report, the connections it keeps, the crash-test points."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, TypeVar
+
+import psycopg
+
+from ...config import Config
+from ... import redact
+from ...db import connect, own_session, scrub
+from ...errors import PgidgenError
+from .. import sqltext as q
+from ..context import ShardContext
+from ..journal import POINT_OF_NO_RETURN, Journal
+from ..transfer import SchemaDump
+from ..verify import Verification
+
+Hook = Callable[[str], None]
+T = TypeVar("T")
+POLL = 0.002
+
+
+@dataclass
+class MoveOptions:
+    max_pause: float = 1.0
+    offline: bool = False
+    attempts: int = 3
+    verify_in_pause: bool = False
+    drop_source: bool = False
+    catchup_timeout: float = 600.0
+    subscription_conninfo: str | None = None
+
+    def __post_init__(self) -> None:
+        redact.register(self.subscription_conninfo)
+
+
+@dataclass
+class CopyProgress:
+    tables_ready: int
+    tables_total: int
+    rows_copied: int
+    rows_total: int
+    bytes_copied: int
+    lag_bytes: int | None
+
+
+#: A freeze that took longer than this (seconds) waited for locks: the schema is compared again in the pause.
+LOCK_WAIT_RECHECK = 0.01
+
+
+@dataclass
+class MoveReport:
+    shard: int
+    source: str
+    target: str
+    mode: str
+    move_id: int
+    status: str
+    pause_ms: float | None = None
+    seconds: float = 0.0
+    last_id: int | None = None
+    skew_ms: float | None = None
+    retired_schema: str | None = None
+    attempts: int = 0
+    verification: Verification | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "shard": self.shard, "source": self.source, "target": self.target, "mode": self.mode, "move_id": self.move_id,
+            "status": self.status, "pause_ms": self.pause_ms, "seconds": round(self.seconds, 3), "last_id": self.last_id,
+            "clock_skew_ms": self.skew_ms, "retired_schema": self.retired_schema, "cutover_attempts": self.attempts,
+            "notes": self.notes,
+        }
+        if self.verification is not None:
+            out["verification"] = self.verification.as_dict()
+        return out
+
+    def lines(self) -> list[str]:
+        out = []
+        if self.status == "done":
+            out.append(f"moved shard {self.shard} from {self.source} to {self.target} ({self.mode}) in {self.seconds:.1f}s")
+            if self.pause_ms is not None:
+                out.append(f"write pause: {self.pause_ms:.0f} ms (cutover attempts: {self.attempts})")
+            if self.skew_ms is not None:
+                out.append(f"clock skew {self.target} - {self.source}: {round(self.skew_ms):+d} ms (accounted for in the ID generator)")
+            if self.retired_schema:
+                out.append(f"the source copy is kept read-only as {self.source}.{self.retired_schema}; drop it with 'pgidgen move-shard --cleanup {self.shard}'")
+        elif self.status == "rolled_back":
+            out.append(f"rolled back the move of shard {self.shard} to {self.target}: {self.source} serves it as before; nothing is left on {self.target}")
+        if self.verification is not None:
+            v = self.verification
+            out.append(f"verified {v.when}: {len(v.tables)} tables, {v.rows} rows: " + ("all match" if v.ok else "MISMATCH"))
+            out.extend("  " + t.describe() for t in v.tables if not t.ok)
+        out.extend(self.notes)
+        return out
+
+
+
+def stop_hook_from_env() -> Hook | None:
+    """Crash tests: PGIDGEN_MOVE_STOP_AT=step makes the CLI announce the step on stderr and hang there until killed."""
+    where = os.environ.get("PGIDGEN_MOVE_STOP_AT")
+    if not where:
+        return None
+
+    def hook(point: str) -> None:
+        if point == where:
+            sys.stderr.write(f"pgidgen: stopped at {point}\n")
+            sys.stderr.flush()
+            time.sleep(3600)
+
+    return hook
+
+
+
+class Background(Generic[T]):
+    """One function on a thread of its own; result() re-raises what it raised."""
+
+    def __init__(self, fn: Callable[[], T]) -> None:
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], T]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to result()
+            self._error = e
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self) -> T:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
+class CutoverAborted(Exception):
+    """Catch-up or the lock did not fit in --max-pause: the source was left serving."""
+
+
+class MoverBase:
+    """The state one move carries from phase to phase (connections, journal, report)."""
+
+    def __init__(
+        self,
+        config: Config,
+        ctx: ShardContext,
+        journal: Journal,
+        options: MoveOptions,
+        progress: Callable[[CopyProgress], None] | None,
+        hook: Hook | None,
+        *,
+        tgt: psycopg.Connection[Any] | None = None,
+        schema_dump: SchemaDump | None = None,
+    ) -> None:
+        self.config = config
+        self.schema_dump = schema_dump  # started before the move was journaled, for the copy step
+        self.ctx = ctx
+        self.journal = journal
+        self.rec = journal.record
+        self.opts = options
+        self.progress = progress
+        self.hook = hook or stop_hook_from_env()
+        self.names = q.Names(self.rec.token)
+        self.admin = journal.conn  # source, autocommit, holds the move lock
+        self._tgt: psycopg.Connection[Any] | None = tgt  # target, autocommit
+        self.snapshot: psycopg.Connection[Any] | None = None
+        self.verification: Verification | None = None
+        self.checking: Background[Verification] | None = None
+        self.ahead: Background[list[psycopg.Connection[Any]]] | None = None
+        self.check_src: psycopg.Connection[Any] | None = None
+        self.report = MoveReport(ctx.shard, ctx.source, ctx.target, self.rec.mode, self.rec.move_id, "running")
+        self.t0 = time.perf_counter()
+        self.resumed_step: str | None = None  # the step a resumed run starts from
+
+    # connections ----------------------------------------------------------------------------------
+    @property
+    def tgt(self) -> psycopg.Connection[Any]:
+        if self._tgt is None or self._tgt.closed:
+            self._tgt = connect(self.ctx.target, self.config.dsn(self.ctx.target), autocommit=True)
+        return self._tgt
+
+    def _close(self) -> None:
+        if self.schema_dump is not None:
+            self.schema_dump.close()
+            self.schema_dump = None
+        if self.checking is not None:
+            self.checking.join()
+        for c in (self._tgt, self.snapshot, self.check_src, *(self._take_ahead() or [])):
+            if c is not None and not c.closed:
+                c.close()
+
+    def _open_ahead(self) -> None:
+        """The cutover's two connections (source, target snapshot) and the verification's source connection,
+        opened on a thread while catch-up waits: a few ms each, otherwise all on the way to the flip."""
+        if self.ahead is not None:
+            return
+        wanted = [(self.ctx.source, False), (self.ctx.target, False), (self.ctx.source, True)]
+
+        def open_all() -> list[psycopg.Connection[Any]]:
+            conns: list[psycopg.Connection[Any]] = []
+            try:
+                for name, autocommit in wanted:
+                    conns.append(connect(name, self.config.dsn(name), autocommit=autocommit))
+            except BaseException:
+                for c in conns:
+                    c.close()
+                raise
+            return conns
+
+        self.ahead = Background(open_all)
+
+    def _take_ahead(self) -> list[psycopg.Connection[Any]] | None:
+        ahead, self.ahead = self.ahead, None
+        if ahead is None:
+            return None
+        try:
+            return ahead.result()
+        except PgidgenError:
+            return None
+
+    def _point(self, name: str) -> None:
+        if self.hook is not None:
+            self.hook(name)
+
+    def _fail(self, step: str, error: str) -> None:
+        try:
+            if not self.admin.closed:
+                self.journal.fail(step, scrub(error))
+        except psycopg.Error:
+            pass
+
+    def _next_hint(self, step: str) -> str:
+        steps = self.rec.steps
+        if step in steps and steps.index(step) > steps.index(POINT_OF_NO_RETURN):
+            return f"the target serves the shard already; finish with 'pgidgen move-shard --resume {self.ctx.shard}'"
+        return f"fix the cause, then 'pgidgen move-shard --resume {self.ctx.shard}' or undo with '--rollback {self.ctx.shard}'"
+
+    def _target_row(self) -> tuple[str, str] | None:
+        if not self.tgt.execute("SELECT to_regclass('pgidgen.shards') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+            return None
+        row = self.tgt.execute("SELECT state, schema_name FROM pgidgen.shards WHERE shard = %s", (self.ctx.shard,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def _reset_target(self) -> None:
+        """The target connection's settings back to pgidgen's session after a restore script changed them."""
+        self.tgt.execute("RESET ALL")
+        self.tgt.execute("SET search_path TO DEFAULT")
+        own_session(self.tgt)
+
+    # one phase calls another: implemented in their modules, mixed into engine.Mover
+    def step_schema(self) -> None:
+        raise NotImplementedError
+
+    def step_catchup(self) -> None:
+        raise NotImplementedError
+
+    def _ensure_target_catalog(self, conn: psycopg.Connection[Any] | None = None) -> None:
+        raise NotImplementedError
+
+    def _reset_copy(self) -> None:
+        raise NotImplementedError
+
+    def _shard_depends_on_catalog(self) -> bool:
+        raise NotImplementedError
+
+    def _install_target_catalog_apart(self) -> None:
+        raise NotImplementedError
+
+    def _offline_copy(self) -> None:
+        raise NotImplementedError
+
+    def _lag(self) -> int | None:
+        raise NotImplementedError
+
+    def _beat(self, deadline: float) -> bool:
+        raise NotImplementedError
+
+    def _sub_oid(self) -> int | None:
+        raise NotImplementedError
+
+    def _measure_skew(self) -> None:
+        raise NotImplementedError
+
+    def _partitioned(self, schema: str) -> list[str]:
+        raise NotImplementedError
+
+    def _start_checking(self, snap: psycopg.Connection[Any], retired: str) -> None:
+        raise NotImplementedError

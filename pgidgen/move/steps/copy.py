@@ -1,0 +1,176 @@
+"""copy: a slot whose exported snapshot the copy reads at; the schema, the rows (transfer.py) and the target's
+'incoming' row in one target transaction. An offline move copies the rows inside the freeze instead."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import psycopg
+
+from ...db import connect, execute_script, pg_message
+from ...errors import ConflictError
+from .. import sqltext as q
+from ..context import MoveError
+from ..transfer import COPY_SECTIONS, SchemaDump, Transfer, plan_tables
+from .base import Background, CopyProgress, MoverBase
+from .replication import drop_slots
+
+
+class CopySteps(MoverBase):
+    def step_copy(self) -> None:
+        """The shard: a slot whose exported snapshot the copy reads at, so the subscription (copy_data = false)
+        streams exactly the changes after it. Schema, rows (binary COPY streams, see transfer.py), then indexes
+        and constraints, and the target's 'incoming' row, in one target transaction: a resume or rollback finds
+        either the whole copy or nothing of it."""
+        if self.resumed_step == "copy":
+            self._ensure_target_catalog()
+            self._reset_copy()
+        row0 = self._target_row()
+        if row0 is not None:
+            raise ConflictError(f"database {self.ctx.target} holds shard {self.ctx.shard} as {row0[0]}", hint="see 'pgidgen map'")
+        repl = connect(self.ctx.source, self.config.dsn(self.ctx.source), autocommit=True, replication="database")
+        created: list[str] = []
+
+        def slot() -> str:
+            cur = psycopg.ClientCursor(repl)
+            try:
+                cur.execute(q.slot_sql(self.names))
+            except psycopg.Error as e:
+                raise MoveError(f"database {self.ctx.source} could not create the replication slot: {pg_message(e)}",
+                                hint="see max_replication_slots and max_wal_senders on the source") from None
+            row = cur.fetchone()
+            assert row is not None
+            created.append(str(row[1]))
+            return str(row[2])
+
+        # The target's catalog (on a new database: 100-200 ms, most of it the argument-order probe) goes in on a
+        # connection of its own while this thread creates the slot, pg_dump runs and the rows flow; the copy's
+        # transaction waits for it before it adds the shard's catalog row and commits (and before it starts,
+        # when the shard's objects depend on catalog objects). A failed probe rolls the copy back.
+        first = self._shard_depends_on_catalog()
+        catalog: Background[None] = Background(self._install_target_catalog_apart)
+        try:
+            dump, self.schema_dump = self.schema_dump, None
+            self._transfer(slot, COPY_SECTIONS, schema_dump=dump, then=q.target_row_sql(self.ctx.shard, self.ctx.schema, reset_offset=False),
+                           started=lambda: self.journal.note("copy", consistent_point=created[0]),
+                           ready=catalog if first else None, before_then=catalog)
+        finally:
+            catalog.join()
+            repl.close()
+
+    def _reset_copy(self) -> None:
+        """An interrupted copy cannot continue (its snapshot died with it): drop the slot and the partial copy."""
+        drop_slots(self.admin, self.names, None)
+        with self.tgt.transaction():
+            self.tgt.execute(f"DROP SCHEMA IF EXISTS {q.ident(self.ctx.schema)} CASCADE")
+            self.tgt.execute("DELETE FROM pgidgen.shards WHERE shard = %s AND state = 'incoming'", (self.ctx.shard,))
+
+    def _transfer(
+        self,
+        snapshot: Callable[[], str | None],
+        sections: tuple[str, ...],
+        *,
+        then: str = "",
+        truncate: bool = False,
+        started: Callable[[], None] | None = None,
+        ready: Background[None] | None = None,
+        before_then: Background[None] | None = None,
+        schema_dump: SchemaDump | None = None,
+    ) -> None:
+        """The shard's rows (and the given pg_dump sections around them) into one target transaction, followed by
+        `then` in it. snapshot() gives the snapshot to copy at (the online copy creates its slot there): called
+        once the tables' formats are planned, so the source's pg_dump and first stream start the moment it returns;
+        started() runs right after. ready: work on the target, waited for before the transaction opens;
+        before_then: waited for before `then` runs in it. schema_dump: the sections' pg_dump, started earlier
+        (else the copy starts one at the snapshot). truncate: the tables exist already (offline), emptying
+        them in this transaction lets the rows go in frozen all the same."""
+        schema = self.ctx.schema
+        try:
+            plan = plan_tables(self.admin, self.tgt, self.ctx.source_schema or schema, [t.name for t in self.ctx.tables])
+            encoding = str(self.admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
+            # pg_dump's schema makes materialized views WITH NO DATA; those populated on the source are refreshed
+            # from the copied rows (in creation order: one built on another comes later)
+            views = [r[0] for r in self.admin.execute(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'm'"
+                " AND c.relispopulated ORDER BY c.oid", (self.ctx.source_schema or schema,))]
+            tr = Transfer(self.config.dsn(self.ctx.source), schema, plan, snapshot=snapshot(), encoding=encoding, sections=sections, schema_dump=schema_dump)
+        except BaseException:
+            if schema_dump is not None:
+                schema_dump.close()
+            raise
+        try:
+            tr.start()
+            if started is not None:
+                started()
+            if ready is not None:
+                ready.result()
+            with self.tgt.transaction():
+                if truncate and plan:
+                    self.tgt.execute(f"TRUNCATE {', '.join('ONLY ' + q.ident(schema, t.name) for t in plan)}")
+                tr.restore(self.tgt, self._copy_progress())
+                for view in views:
+                    self.tgt.execute(f"REFRESH MATERIALIZED VIEW {q.ident(schema, view)}")
+                if "post-data" in sections:  # the whole schema is there: its owners' grants as on the source
+                    self._match_grants(schema)
+                if before_then is not None:
+                    before_then.result()
+                execute_script(self.tgt, then)
+                self._point("copy:restored")  # all of it in, not yet committed
+        except psycopg.Error as e:
+            raise MoveError(f"restoring {schema} into {self.ctx.target} failed: {pg_message(e)}", hint=self._next_hint(self.rec.step)) from None
+        except MoveError as e:
+            e.hint = e.hint or self._next_hint(self.rec.step)
+            raise
+        finally:
+            tr.close()
+            if not self.tgt.closed and not self.tgt.broken:
+                self._reset_target()
+        if self.progress is not None:
+            total = sum(t.est_rows for t in self.ctx.tables)
+            self.progress(CopyProgress(len(self.ctx.tables), len(self.ctx.tables), total, total, tr.bytes, self._lag()))
+
+    def _match_grants(self, schema: str) -> None:
+        """Default privileges on the target (ALTER DEFAULT PRIVILEGES for the role restoring) add grants to the
+        objects pg_dump's script creates, or take some away: make the owners' grants the source's again."""
+        with self.admin.transaction():  # names schema-qualified alike on both sides
+            self.admin.execute("SET LOCAL search_path = ''")
+            source = {tuple(r) for r in self.admin.execute(q.OWNER_GRANTS_SQL, {"schema": self.ctx.source_schema or schema})}
+
+        def target() -> set[tuple[Any, ...]]:
+            self.tgt.execute("SET LOCAL search_path = ''")
+            return {tuple(r) for r in self.tgt.execute(q.OWNER_GRANTS_SQL, {"schema": schema})}
+
+        execute_script(self.tgt, q.revoke_grants_sql(schema, source, target()))
+        execute_script(self.tgt, q.grant_missing_sql(schema, source, target()))
+
+    def _copy_progress(self) -> Callable[[str, int], None] | None:
+        """Rows as the source's COPY reports them (pg_stat_progress_copy), at most every 0.1 s."""
+        if self.progress is None:
+            return None
+        report = self.progress
+        est = {t.name: t.est_rows for t in self.ctx.tables}
+        total = sum(est.values())
+        done: list[str] = []
+        state = {"at": 0.0, "bytes": 0}
+
+        def on_block(table: str, nbytes: int) -> None:
+            state["bytes"] += nbytes
+            if table not in done:
+                done.append(table)
+            now = time.perf_counter()
+            if now - state["at"] < 0.1:
+                return
+            state["at"] = now
+            row = self.admin.execute(
+                "SELECT coalesce(sum(p.tuples_processed), 0) FROM pg_stat_progress_copy p JOIN pg_class c ON c.oid = p.relid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+                (self.ctx.source_schema or self.ctx.schema, table),
+            ).fetchone()
+            rows = sum(est[t] for t in done[:-1]) + int(row[0] if row else 0)
+            report(CopyProgress(len(done) - 1, len(est), min(rows, total), total, int(state["bytes"]), self._lag()))
+
+        return on_block
+
+    def _offline_copy(self) -> None:
+        """Inside the freeze (no snapshot needed, nothing writes): the rows, then indexes and constraints."""
+        self._transfer(lambda: None, ("post-data",), truncate=True)

@@ -1,0 +1,178 @@
+"""cutover: the write pause. The shard's tables are frozen on the source, the schema compared on both sides, the
+last changes applied on the target, and the source copy retired, all within --max-pause."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+
+from ...db import connect, execute_script
+from ...ddl.drift import schema_items
+from .. import sqltext as q
+from ..context import MoveError, describe_dependents, outside_dependents
+from ..verify import compare
+from .base import LOCK_WAIT_RECHECK, CutoverAborted, MoverBase
+
+
+class CutoverSteps(MoverBase):
+    def step_cutover(self) -> None:
+        if self._source_retired():
+            return
+        if self.opts.offline and self.resumed_step == "cutover":
+            # The offline copy commits on the target before the source is retired: a run interrupted between
+            # the two left a full copy there (indexes and constraints included), which the copy cannot go into
+            # again. The source still serves; start the target's copy over (its schema too, should an earlier
+            # resume have stopped between dropping and making it).
+            if self._target_row() is not None:
+                self._reset_copy()
+            self.step_schema()
+        if "skew_ms" not in self.rec.detail:
+            self._measure_skew()
+        attempts = max(1, self.opts.attempts)
+        last: CutoverAborted | None = None
+        for attempt in range(1, attempts + 1):
+            self.report.attempts = attempt
+            try:
+                self._cutover_once()
+                return
+            except CutoverAborted as e:
+                last = e
+                self.journal.log("cutover", "aborted", {"attempt": attempt, "reason": str(e)})
+                if attempt < attempts:
+                    time.sleep(0.2 * attempt)
+                    if not self.opts.offline:
+                        self.step_catchup()
+        assert last is not None
+        raise CutoverAborted(f"{last} ({attempts} attempts)")
+
+    def _source_retired(self) -> bool:
+        retired = self.rec.detail.get("retired_schema")
+        if not retired:
+            return False
+        row = self.admin.execute("SELECT state, schema_name FROM pgidgen.shards WHERE shard = %s", (self.ctx.shard,)).fetchone()
+        if row is not None and row[0] == "retired" and row[1] == retired:
+            self.ctx.source_schema = retired
+            return True
+        return False
+
+    def _cutover_once(self) -> None:
+        shard, schema = self.ctx.shard, self.ctx.schema
+        retired = f"{schema}_moved_{time.strftime('%Y%m%d%H%M%S', time.gmtime())}"
+        self.journal.note("cutover", retired_schema=retired)
+        tables = [q.TableRef(schema, t.name) for t in self.ctx.tables]
+        guarded = [q.TableRef(schema, name) for name in self._partitioned(schema)] + tables  # parents first, as writers lock them
+        budget = self.opts.max_pause
+        ahead = self._take_ahead()
+        if ahead is not None:
+            src, snap, self.check_src = ahead
+        else:
+            src = connect(self.ctx.source, self.config.dsn(self.ctx.source))
+            snap = connect(self.ctx.target, self.config.dsn(self.ctx.target))  # before the pause
+        theirs = self._tables_as_they_stand(self.tgt, schema)  # the target's side, read before the pause
+        their_items = schema_items(self.tgt, schema) if not self.opts.offline else set()  # offline: post-data comes under the freeze
+        if not self.opts.offline:
+            # The schema on both sides, and nothing outside the shard depending on it, checked right before the
+            # pause rather than in it (some 20 ms under load): DDL that does not wait for the freeze's locks
+            # (a view, a grant, a function) could slip in after a check made in the pause just the same.
+            changed = self._changed_objects(schema_items(src, schema), their_items)
+            found = outside_dependents(src, schema)
+            src.rollback()
+            if found:  # made during the move: they would stay bound to the retired copy
+                changed.append(f"objects outside it now depend on it: {describe_dependents(found)}")
+            if changed:
+                src.close()
+                snap.close()
+                raise MoveError(f"the tables of {schema} changed during the move ({'; '.join(changed)})", where=self.ctx.source,
+                                hint=f"nothing was flipped; roll back with --rollback {shard} and move again")
+            self._tables_as_they_stand(src, schema, prepare=True)  # the query the pause makes: planned before it
+            src.rollback()
+        committed = False
+        try:
+            t_start = time.perf_counter()
+            deadline = t_start + budget
+            try:
+                execute_script(src, q.freeze_sql(shard, guarded, int(budget * 1000)))
+            except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
+                src.rollback()
+                raise CutoverAborted(f"the shard's tables could not be locked within --max-pause {budget * 1000:.0f} ms (long transactions on them?)") from None
+            waited = time.perf_counter() - t_start > LOCK_WAIT_RECHECK
+            mine = self._tables_as_they_stand(src, schema, prepare=not self.opts.offline)
+            now = set(mine)
+            if now != {t.name for t in self.ctx.tables}:
+                src.rollback()
+                raise MoveError(
+                    f"the tables of {schema} changed during the move ({', '.join(sorted(now ^ {t.name for t in self.ctx.tables}))})",
+                    where=self.ctx.source, hint=f"tables created or dropped mid-move are not replicated: roll back with --rollback {shard} and move again",
+                )
+            changed = self._changed_tables(mine, theirs)
+            if not changed and waited and not self.opts.offline:
+                # the locks were waited for: DDL that held one (CREATE INDEX, ALTER TABLE, CREATE POLICY, ...) may
+                # have committed meanwhile, after the check made before the pause
+                changed = self._changed_objects(schema_items(src, schema), their_items)
+            if changed:
+                src.rollback()
+                raise MoveError(
+                    f"the tables of {schema} changed during the move ({'; '.join(changed)})", where=self.ctx.source,
+                    hint=f"nothing was flipped; roll back with --rollback {shard} and move again",
+                )
+            if self.opts.offline:
+                self._offline_copy()
+            elif not self._beat(deadline):
+                src.rollback()
+                raise CutoverAborted(f"the target did not catch up within --max-pause {budget * 1000:.0f} ms")
+            assert snap is not None
+            snap.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            snap.execute("SELECT 1 FROM pgidgen.shards LIMIT 1")  # the snapshot: the target at the cutover point
+            self._point("cutover:frozen")
+            if self.opts.offline or self.opts.verify_in_pause:
+                v = compare(src, schema, snap, schema, [t.name for t in self.ctx.tables], when="at the cutover point, before the flip")
+                if not v.ok:
+                    src.rollback()
+                    self.verification = v
+                    raise MoveError(
+                        f"the copy of shard {shard} on {self.ctx.target} differs from the source: "
+                        + "; ".join(t.describe() for t in v.mismatches()),
+                        hint=f"nothing was flipped; the source keeps serving; roll back with --rollback {shard}",
+                    )
+                self.verification = v
+            execute_script(src, q.retire_sql(shard, schema, retired, guarded, self.ctx.target))
+            src.commit()
+            committed = True
+            self.ctx.source_schema = retired
+            self.pause_started = t_start
+        finally:
+            if not committed and not src.closed:
+                src.rollback()
+            src.close()
+            if not committed and snap is not None:
+                snap.close()
+        self.snapshot = snap
+
+    def _partitioned(self, schema: str) -> list[str]:
+        return [r[0] for r in self.admin.execute(q.PARTITIONED_SQL, (schema,))]
+
+    def _tables_as_they_stand(self, conn: psycopg.Connection[Any], schema: str, *, prepare: bool | None = None) -> dict[str, tuple[str, bool]]:
+        """Per table of the schema: its columns (name and type, by name) and whether the move's publication
+        holds it. One catalog query: on the source it runs inside the pause."""
+        return {r[0]: (r[1] or "", bool(r[2])) for r in conn.execute(q.TABLES_AS_THEY_STAND_SQL, {"schema": schema, "publication": self.names.publication}, prepare=prepare)}
+
+    def _changed_tables(self, mine: dict[str, tuple[str, bool]], theirs: dict[str, tuple[str, bool]]) -> list[str]:
+        """Under the freeze, before the flip: tables whose columns differ between source and target (DDL on one
+        side mid-move), and, online, tables the publication does not hold (dropped and created again under
+        the same name: their rows since were never replicated)."""
+        changed = [f"{name}: columns {mine[name][0] if name in mine else 'none'} on {self.ctx.source},"
+                   f" {theirs[name][0] if name in theirs else 'none'} on {self.ctx.target}"
+                   for name in sorted(set(mine) | set(theirs)) if mine.get(name, ("",))[0] != theirs.get(name, ("",))[0]]
+        if not self.opts.offline:
+            changed += [f"{name}: not the table the move publishes (created again?)" for name in sorted(mine) if not mine[name][1]]
+        return changed
+
+    def _changed_objects(self, mine: set[str], theirs: set[str]) -> list[str]:
+        """Indexes, constraints, defaults, triggers, views, functions, types (what status --drift compares) that
+        differ: DDL on the source after the copy read its schema is not replicated."""
+        out = []
+        for side, items in ((self.ctx.source, sorted(mine - theirs)), (self.ctx.target, sorted(theirs - mine))):
+            if items:
+                out.append(f"only on {side}: {', '.join(items[:3])}" + (f" and {len(items) - 3} more" if len(items) > 3 else ""))
+        return out

@@ -1,0 +1,93 @@
+"""What the move tests share: shards with rows on two databases, their state, the CLI run as a child process."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgidgen.config import Config
+from pgidgen.init import init
+
+SHARDS = 8  # db1: 0-3, db2: 4-7, db3: none
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quick_subscription_start(pg_servers: list[Any]) -> None:
+    """PostgreSQL 15's launcher starts at most one subscription worker per wal_retrieve_retry_interval (5 s):
+    tests that create subscriptions back to back would mostly wait for it."""
+    for s in pg_servers:
+        try:
+            with psycopg.connect(s.dsn, autocommit=True) as c:
+                c.execute("ALTER SYSTEM SET wal_retrieve_retry_interval = '100ms'")
+                c.execute("SELECT pg_reload_conf()")
+        except psycopg.Error:
+            pass
+
+
+def setup_shards(config: Config, *, rows: int = 200, databases: tuple[str, ...] = ("db1", "db2")) -> None:
+    outcomes = init(config, SHARDS, list(databases))
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    with psycopg.connect(config.dsn(databases[0]), autocommit=True) as c:
+        for shard in range(0, SHARDS // len(databases)):
+            c.execute(f"CREATE TABLE shard_{shard}.t (id bigint PRIMARY KEY DEFAULT shard_{shard}.next_id(), v int, note text)")
+            c.execute(f"CREATE TABLE shard_{shard}.tags (tag text PRIMARY KEY, n serial)")
+            c.execute(f"INSERT INTO shard_{shard}.t (v, note) SELECT g, md5(g::text) FROM generate_series(1, {rows}) g")
+            c.execute(f"INSERT INTO shard_{shard}.tags (tag) SELECT 'tag' || g FROM generate_series(1, 10) g")
+
+
+def rows_of(dsn: str, schema: str, table: str = "t") -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return c.execute(f"SELECT * FROM {schema}.{table} ORDER BY 1").fetchall()
+
+
+def state_of(dsn: str, shard: int) -> tuple[str, str] | None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        if c.execute("SELECT to_regclass('pgidgen.shards')").fetchone()[0] is None:
+            return None
+        row = c.execute("SELECT state, schema_name FROM pgidgen.shards WHERE shard = %s", (shard,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+
+def open_moves(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return int(c.execute("SELECT count(*) FROM pgidgen.moves WHERE status IN ('running', 'failed')").fetchone()[0])
+
+
+def start_cli(config_file: Path, *args: str, stop_at: str | None = None) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    if stop_at:
+        env["PGIDGEN_MOVE_STOP_AT"] = stop_at
+    return subprocess.Popen([str(Path(sys.executable).parent / "pgidgen"), "--config", str(config_file), "move-shard", *args],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_stopped(proc: subprocess.Popen[str]) -> None:
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert line.startswith("pgidgen: stopped at"), line + (proc.stderr.read() if proc.poll() is not None else "")
+
+
+def our_children(name: str) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if comm == name and int(rest[1]) == os.getpid() and rest[0] != "Z":  # a zombie has finished
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

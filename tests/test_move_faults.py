@@ -1,0 +1,247 @@
+"""Moves interrupted at every step (an injected failure, a real kill -9 of the CLI, a server restarted, a pause
+that does not fit), then resumed or rolled back: nothing left behind, the shard served by one database."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from movekit import leftovers
+from moveshards import alive, open_moves, quick_subscription_start, rows_of, setup_shards, start_cli, state_of, wait_stopped  # noqa: F401 (an autouse fixture)
+
+from pgidgen.cli import main
+from pgidgen.config import Config
+from pgidgen.move import MoveError, MoveOptions, move_shard, resume_move, rollback_move
+from pgidgen.move.journal import ONLINE_STEPS, POINT_OF_NO_RETURN
+
+
+def test_offline_move_interrupted_after_the_target_committed_resumes(config: Config) -> None:
+    setup_shards(config, rows=50)
+    source_rows = rows_of(config.dsn("db1"), "shard_1")
+    with pytest.raises(Crash):
+        move_shard(config, 1, "db3", options=MoveOptions(offline=True), hook=crash_at("cutover:frozen"))
+    assert state_of(config.dsn("db3"), 1) == ("incoming", "shard_1")  # the copy committed there, indexes and all
+    report = resume_move(config, 1)
+    assert report.status == "done" and report.verification is not None and report.verification.ok
+    assert rows_of(config.dsn("db3"), "shard_1") == source_rows
+    assert leftovers(config.databases) == []
+
+
+POINTS = [*ONLINE_STEPS, "copy:restored", "cutover:frozen"]
+
+
+class Crash(Exception):
+    pass
+
+
+def crash_at(point: str):  # type: ignore[no-untyped-def]
+    def hook(where: str) -> None:
+        if where == point:
+            raise Crash(point)
+
+    return hook
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_crash_then_rollback_then_crash_then_resume(config: Config, point: str) -> None:
+    setup_shards(config, rows=100)
+    source_rows = rows_of(config.dsn("db1"), "shard_1")
+    with pytest.raises(Crash):
+        move_shard(config, 1, "db3", hook=crash_at(point))
+    assert open_moves(config.dsn("db1")) == 1
+    # a fresh move of the same shard is refused while the interrupted one is open
+    with pytest.raises(MoveError, match="an interrupted move of shard 1 to db3 exists") as refused:
+        move_shard(config, 1, "db2")
+    step = point.split(":")[0]
+    past_flip = ONLINE_STEPS.index(step) > ONLINE_STEPS.index(POINT_OF_NO_RETURN)
+    # the hint offers --rollback only where it can work (a fresh-clone review got it offered past the flip)
+    assert ("--rollback" in refused.value.render()) is not past_flip, refused.value.render()
+    if not past_flip:
+        report = rollback_move(config, 1)
+        assert report.status == "rolled_back"
+        assert state_of(config.dsn("db1"), 1) == ("active", "shard_1")
+        assert state_of(config.dsn("db3"), 1) is None
+        assert rows_of(config.dsn("db1"), "shard_1") == source_rows
+        assert leftovers(config.databases) == []
+        with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+            assert c.execute("SELECT to_regnamespace('shard_1')").fetchone()[0] is None
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+            c.execute("INSERT INTO shard_1.t (v) VALUES (-1)")  # the source serves writes again
+        source_rows = rows_of(config.dsn("db1"), "shard_1")
+        with pytest.raises(Crash):
+            move_shard(config, 1, "db3", hook=crash_at(point))
+    else:
+        with pytest.raises(MoveError, match="past its flip"):
+            rollback_move(config, 1)
+    report = resume_move(config, 1)
+    assert report.status == "done"
+    assert report.verification is not None
+    assert rows_of(config.dsn("db3"), "shard_1") == source_rows
+    assert state_of(config.dsn("db3"), 1) == ("active", "shard_1")
+    assert state_of(config.dsn("db1"), 1)[0] == "retired"  # type: ignore[index]
+    assert leftovers(config.databases) == []
+    assert open_moves(config.dsn("db1")) == 0
+    with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+        assert c.execute("INSERT INTO shard_1.t (v) VALUES (0) RETURNING id").fetchone()[0] > source_rows[-1][0]
+
+
+def test_kill9_while_frozen_then_resume(config: Config, config_file: Path) -> None:
+    setup_shards(config, rows=100)
+    proc = start_cli(config_file, "1", "db3", stop_at="cutover:frozen")
+    try:
+        wait_stopped(proc)
+        # while the first mover holds the shard, a second one is refused, and so is a rollback
+        with pytest.raises(MoveError, match=r"shard 1 is being moved to db3 right now by another pgidgen .*wait for it to finish"):
+            move_shard(config, 1, "db2")
+        with pytest.raises(MoveError, match="being moved right now"):
+            rollback_move(config, 1)
+        proc.kill()  # SIGKILL while the shard's tables are locked on the source
+    finally:
+        proc.kill()
+        proc.wait()
+    # the server dropped the dead mover's session: the source takes writes again (the lock is gone)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("SET lock_timeout = '5s'")
+        c.execute("INSERT INTO shard_1.t (v) VALUES (-7)")
+    expected = rows_of(config.dsn("db1"), "shard_1")
+    res = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "1", "--resume"])
+    assert res.exit_code == 0, res.output
+    assert "moved shard 1 from db1 to db3" in res.output
+    assert rows_of(config.dsn("db3"), "shard_1") == expected
+    assert leftovers(config.databases) == []
+
+
+@pytest.mark.parametrize("stop_at", ["copy", "copy:restored"])
+def test_kill9_during_copy_then_rollback(config: Config, config_file: Path, stop_at: str) -> None:
+    """copy:restored: every row is in the target's open transaction when the mover dies; none of it stays."""
+    setup_shards(config, rows=100)
+    proc = start_cli(config_file, "2", "db3", stop_at=stop_at)
+    try:
+        wait_stopped(proc)
+    finally:
+        proc.kill()
+        proc.wait()
+    res = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "2", "db3"])
+    assert res.exit_code == 1
+    assert "an interrupted move of shard 2 to db3 exists" in res.output
+    res = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "2", "--rollback"])
+    assert res.exit_code == 0, res.output
+    assert "rolled back the move of shard 2 to db3" in res.output
+    assert leftovers(config.databases) == []
+    assert state_of(config.dsn("db1"), 2) == ("active", "shard_2")
+    assert state_of(config.dsn("db3"), 2) is None
+    with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+        assert c.execute("SELECT to_regnamespace('shard_2')").fetchone()[0] is None
+    assert len(rows_of(config.dsn("db1"), "shard_2")) == 100
+
+
+def test_a_subscription_that_cannot_log_in_is_refused_before_journaling(config: Config, config_file: Path, pg_servers: list[Any]) -> None:
+    """The target's server tries the subscription's login before anything is journaled (pgidgen.check's probe): the
+    error is one line (libpq's message has a newline) and neither it nor the target server's log shows the
+    password of --subscription-dsn (found by a review, when the failure came at the subscription step)."""
+    setup_shards(config, rows=10)
+    res = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "1", "db3",
+                                    "--subscription-dsn", "postgresql://postgres:SubSecret99@127.0.0.1:1/app"])
+    assert res.exit_code == 1
+    assert len(res.output.strip().splitlines()) == 1, res.output
+    assert res.output.startswith("Error: the server cannot log in to db1 as a subscription: "), res.output
+    assert "(db3)" in res.output and "--subscription-dsn" in res.output and "SubSecret99" not in res.output
+    target = next(s for s in pg_servers if s.name == "db3")
+    if target.server is not None:
+        assert "SubSecret99" not in Path(target.server.logfile).read_text(errors="replace")
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM pgidgen.moves").fetchone()[0] == 0, "nothing journaled"
+    assert leftovers(config.databases) == []
+
+
+def test_target_server_restarted_mid_move_then_resume(config: Config, pg_servers: list[Any]) -> None:
+    from pgidgen import sandbox
+
+    target = next(s for s in pg_servers if s.name == "db3")
+    if target.server is None:
+        pytest.skip("needs a sandbox server it may restart")
+    setup_shards(config, rows=50)
+
+    def restart(point: str) -> None:
+        if point == "catchup":
+            sandbox.restart(target.server, mode="immediate")
+
+    with pytest.raises(MoveError, match="database error during step catchup"):
+        move_shard(config, 1, "db3", hook=restart)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("INSERT INTO shard_1.t (v) VALUES (-3)")  # written while the move is stopped: carried over on resume
+    expected = rows_of(config.dsn("db1"), "shard_1")
+    report = resume_move(config, 1)
+    assert report.status == "done" and report.verification is not None and report.verification.ok
+    assert rows_of(config.dsn("db3"), "shard_1") == expected
+    assert leftovers(config.databases) == []
+
+
+def test_cutover_that_cannot_fit_max_pause_leaves_the_source_serving(config: Config) -> None:
+    setup_shards(config, rows=10)
+    held = psycopg.connect(config.dsn("db1"))
+
+    def long_writer(point: str) -> None:  # a long transaction with a write pending on the shard, from the cutover on
+        if point == "cutover":
+            held.execute("INSERT INTO shard_1.t (v) VALUES (-9)")
+
+    try:
+        with pytest.raises(MoveError) as info:
+            move_shard(config, 1, "db3", options=MoveOptions(max_pause=0.2, attempts=2), hook=long_writer)
+        assert str(info.value) == (
+            "shard 1 did not move: the shard's tables could not be locked within --max-pause 200 ms (long transactions on them?)"
+            " (2 attempts) (db1): the source keeps serving it; retry with 'pgidgen move-shard --resume 1' (perhaps with a larger"
+            " --max-pause, or when writes are lighter) or undo with --rollback 1"
+        )
+        assert state_of(config.dsn("db1"), 1) == ("moving", "shard_1")  # still served by db1
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+            c.execute("INSERT INTO shard_1.tags (tag) VALUES ('still writable')")
+        held.commit()
+    finally:
+        held.close()
+    report = resume_move(config, 1)
+    assert report.status == "done" and report.verification is not None and report.verification.ok
+    assert -9 in {r[1] for r in rows_of(config.dsn("db3"), "shard_1")}
+    assert "still writable" in {r[0] for r in rows_of(config.dsn("db3"), "shard_1", "tags")}
+    assert leftovers(config.databases) == []
+
+
+@pytest.mark.parametrize("how", ["setpriv", "preexec", "neither"])
+def test_copy_children_die_with_the_mover(how: str) -> None:
+    """pg_dump and psql started by a mover die when it is killed with -9 (setpriv --pdeathsig, or a preexec
+    prctl where setpriv is missing), so no copy of theirs goes on behind a dead mover; a child started without it
+    outlives its parent, which shows the check can fail."""
+    import signal
+    import subprocess
+    import sys
+
+    from pgidgen.move import transfer
+
+    if how == "setpriv" and transfer._SETPRIV is None:
+        pytest.skip("setpriv is not installed")
+    script = (
+        "import sys, time\n"
+        "from pgidgen.move import transfer\n"
+        f"if {how!r} == 'preexec': transfer._SETPRIV = None\n"
+        f"p = transfer._spawn(['sleep', '60'], dies_with_parent={how != 'neither'})\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        assert alive(child)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + (1 if how == "neither" else 10)
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert alive(child) == (how == "neither")
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
