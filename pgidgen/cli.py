@@ -311,7 +311,7 @@ def status_cmd(ctx: click.Context, as_json: bool, drift: bool) -> None:
 @click.option("--databases", metavar="NAMES", help="Comma-separated databases whose shards get the file (default: all).")
 @click.option("--name", help="Name the ledger records the file under (default: the file's base name).")
 @click.option("--reapply-changed", is_flag=True, help="Run a file whose content changed since it was applied again, on every shard.")
-@click.option("--commit-every", type=int, metavar="N", help="Commit every N shards instead of all at once (for small lock tables; re-runs resume).")
+@click.option("--commit-every", type=int, metavar="N", help="Commit every N shards (default: all at once when the server's lock table holds them, else chunks it sizes; re-runs resume).")
 @click.option("--sql", "sql_only", is_flag=True, help="Print the SQL per database without connecting (needs --shards).")
 @click.option("--shards", type=int, help="With --sql: the shard count, shards spread as init spreads them.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report, no progress bar.")
@@ -348,13 +348,20 @@ def apply_ddl_cmd(
             reapply_changed=reapply_changed,
             commit_every=commit_every,
             progress=bar.advance,
-            on_plan=lambda p: bar.start(p.total),
+            on_plan=lambda p: (_say_sizing(p, bar.enabled), bar.start(p.total)),
         )
     finally:
         bar.close()
     report(result.outcomes, as_json)
     if not as_json and not result.changed:
         click.echo(f"nothing to do: every shard already has {parsed.name} (#{result.plan.version.position}, sha256 {parsed.sha256[:12]})")
+
+
+def _say_sizing(plan: Any, enabled: bool) -> None:
+    """On a terminal, one line per database split into several transactions, before the work starts."""
+    for name, sizing in plan.sizing.items():
+        if enabled and sizing.transactions > 1 and not sizing.chosen:
+            click.echo(sizing.describe(name), err=True)
 
 
 # -- sandbox -------------------------------------------------------------------------------------------
