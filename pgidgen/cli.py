@@ -251,12 +251,18 @@ def _map(ctx: click.Context, as_json: bool) -> None:
 def _print_map(m: Any) -> None:
     from .ranges import collapse
 
+    from .sizes import human
+
     click.echo(f"shard count: {m.shard_count if m.shard_count is not None else 'not initialised'}")
     for name, shards in m.databases.items():
-        line = f"{name}: {len(shards)} shards {collapse(shards) or '-'}"
+        line = f"{name}: {len(shards)} shards {collapse(shards) or '-'}" + (f", {human(m.bytes[name])}" if shards and name in m.bytes else "")
         if m.retired.get(name):
-            line += f" (retired copies: {collapse(m.retired[name])})"
+            line += f" (retired copies: {collapse(m.retired[name])}, {human(m.retired_bytes.get(name, 0))})"
         click.echo(line)
+    copies = sum(len(v) for v in m.retired.values())
+    if copies:
+        click.echo(f"retired copies: {copies}, {human(sum(m.retired_bytes.values()))} (what moves left on their sources: 'pgidgen cleanup"
+                   " [--older-than 2d]' drops them)")
     for name, err in m.unreachable.items():
         click.echo(f"{name}: {'CANNOT READ' if ' failed while ' in err else 'UNREACHABLE'}: {err}")  # reached, but refused (rights)
     for p in m.problems:
@@ -569,32 +575,41 @@ def move_shard_cmd(ctx: click.Context, shard: int, target: str | None, max_pause
 @click.option("--parallel", type=int, default=2, show_default=True, help="How many moves run at once.")
 @click.option("--max-pause", default="1s", show_default=True, metavar="DURATION", help="Longest write pause of each move's cutover.")
 @click.option("--offline", is_flag=True, help="Move every shard offline (dump and restore under a write lock): for sources without logical replication, or shards with unlogged tables.")
+@click.option("--by", type=click.Choice(["size", "count"]), default="size", show_default=True,
+              help="Even out the bytes on disk (the shards' tables and indexes), or the number of shards.")
+@click.option("--drop-source", is_flag=True, help="Drop each source copy right after its verified move.")
 @click.option("--dry-run", is_flag=True, help="Print the moves that would run, and change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
 @click.pass_context
-def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_pause: str, offline: bool, dry_run: bool, as_json: bool) -> None:
+def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_pause: str, offline: bool, by: str, drop_source: bool,
+                  dry_run: bool, as_json: bool) -> None:
     """Move shards so every database holds an even share (e.g. after adding one), several moves at once."""
     from . import move
     from .move.rebalance import plan_rebalance, rebalance
 
     config = get_config(ctx)
     names = config.select(databases)
-    opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline)
+    opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline, drop_source=drop_source)
     if dry_run:
-        plan = plan_rebalance(config, names)
+        plan = plan_rebalance(config, names, by=by)
         click.echo(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()))
         return
     show = (lambda m, r: click.echo(f"shard {m.shard}: {m.source} -> {m.target}: "
                                     + (f"FAILED: {scrub(r.render())}" if isinstance(r, PgidgenError) else f"done, pause {r.pause_ms or 0:.0f} ms"), err=True))
-    result = rebalance(config, names, parallel=parallel, options=opts, on_done=None if as_json else show)
+    result = rebalance(config, names, parallel=parallel, options=opts, by=by, on_done=None if as_json else show)
     if not as_json:
         from .shardmap import read_map
 
         now = read_map(config)  # as the databases report it: a move that failed past its flip left its shard on the target
-        click.echo("\n".join(result.lines(now.databases, list(now.unreachable)) + result.plan.lines()[len(result.plan.before) + len(result.plan.moves):]))
+        click.echo("\n".join(result.lines(now.databases, list(now.unreachable), now.bytes) + result.plan.lines()[len(result.plan.before) + len(result.plan.moves):]))
     else:
         click.echo(json.dumps(result.as_dict(), indent=2))
     if not result.ok:
         done = len(result.plan.moves) - len(result.failures)
         raise click.ClickException(f"{len(result.failures)} of {len(result.plan.moves)} moves failed"
                                    + (f"; the other {done} are done (see above)" if done else " (see above)"))
+
+
+from .cli_fleet import cleanup_cmd  # noqa: E402 - registered here, defined beside it to keep this file short
+
+main.add_command(cleanup_cmd)
