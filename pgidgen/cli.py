@@ -251,12 +251,18 @@ def _map(ctx: click.Context, as_json: bool) -> None:
 def _print_map(m: Any) -> None:
     from .ranges import collapse
 
+    from .sizes import human
+
     click.echo(f"shard count: {m.shard_count if m.shard_count is not None else 'not initialised'}")
     for name, shards in m.databases.items():
-        line = f"{name}: {len(shards)} shards {collapse(shards) or '-'}"
+        line = f"{name}: {len(shards)} shards {collapse(shards) or '-'}" + (f", {human(m.bytes[name])}" if shards and name in m.bytes else "")
         if m.retired.get(name):
-            line += f" (retired copies: {collapse(m.retired[name])})"
+            line += f" (retired copies: {collapse(m.retired[name])}, {human(m.retired_bytes.get(name, 0))})"
         click.echo(line)
+    copies = sum(len(v) for v in m.retired.values())
+    if copies:
+        click.echo(f"retired copies: {copies}, {human(sum(m.retired_bytes.values()))} (what moves left on their sources: 'pgidgen cleanup"
+                   " [--older-than 2d]' drops them)")
     for name, err in m.unreachable.items():
         click.echo(f"{name}: {'CANNOT READ' if ' failed while ' in err else 'UNREACHABLE'}: {err}")  # reached, but refused (rights)
     for p in m.problems:
@@ -311,7 +317,7 @@ def status_cmd(ctx: click.Context, as_json: bool, drift: bool) -> None:
 @click.option("--databases", metavar="NAMES", help="Comma-separated databases whose shards get the file (default: all).")
 @click.option("--name", help="Name the ledger records the file under (default: the file's base name).")
 @click.option("--reapply-changed", is_flag=True, help="Run a file whose content changed since it was applied again, on every shard.")
-@click.option("--commit-every", type=int, metavar="N", help="Commit every N shards instead of all at once (for small lock tables; re-runs resume).")
+@click.option("--commit-every", type=int, metavar="N", help="Commit every N shards (default: all at once when the server's lock table holds them, else chunks it sizes; re-runs resume).")
 @click.option("--sql", "sql_only", is_flag=True, help="Print the SQL per database without connecting (needs --shards).")
 @click.option("--shards", type=int, help="With --sql: the shard count, shards spread as init spreads them.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report, no progress bar.")
@@ -348,13 +354,20 @@ def apply_ddl_cmd(
             reapply_changed=reapply_changed,
             commit_every=commit_every,
             progress=bar.advance,
-            on_plan=lambda p: bar.start(p.total),
+            on_plan=lambda p: (_say_sizing(p, bar.enabled), bar.start(p.total)),
         )
     finally:
         bar.close()
     report(result.outcomes, as_json)
     if not as_json and not result.changed:
         click.echo(f"nothing to do: every shard already has {parsed.name} (#{result.plan.version.position}, sha256 {parsed.sha256[:12]})")
+
+
+def _say_sizing(plan: Any, enabled: bool) -> None:
+    """On a terminal, one line per database split into several transactions, before the work starts."""
+    for name, sizing in plan.sizing.items():
+        if enabled and sizing.transactions > 1 and not sizing.chosen:
+            click.echo(sizing.describe(name), err=True)
 
 
 # -- sandbox -------------------------------------------------------------------------------------------
@@ -562,29 +575,33 @@ def move_shard_cmd(ctx: click.Context, shard: int, target: str | None, max_pause
 @click.option("--parallel", type=int, default=2, show_default=True, help="How many moves run at once.")
 @click.option("--max-pause", default="1s", show_default=True, metavar="DURATION", help="Longest write pause of each move's cutover.")
 @click.option("--offline", is_flag=True, help="Move every shard offline (dump and restore under a write lock): for sources without logical replication, or shards with unlogged tables.")
+@click.option("--by", type=click.Choice(["size", "count"]), default="size", show_default=True,
+              help="Even out the bytes on disk (the shards' tables and indexes), or the number of shards.")
+@click.option("--drop-source", is_flag=True, help="Drop each source copy right after its verified move.")
 @click.option("--dry-run", is_flag=True, help="Print the moves that would run, and change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
 @click.pass_context
-def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_pause: str, offline: bool, dry_run: bool, as_json: bool) -> None:
+def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_pause: str, offline: bool, by: str, drop_source: bool,
+                  dry_run: bool, as_json: bool) -> None:
     """Move shards so every database holds an even share (e.g. after adding one), several moves at once."""
     from . import move
     from .move.rebalance import plan_rebalance, rebalance
 
     config = get_config(ctx)
     names = config.select(databases)
-    opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline)
+    opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline, drop_source=drop_source)
     if dry_run:
-        plan = plan_rebalance(config, names)
+        plan = plan_rebalance(config, names, by=by)
         click.echo(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()))
         return
     show = (lambda m, r: click.echo(f"shard {m.shard}: {m.source} -> {m.target}: "
                                     + (f"FAILED: {scrub(r.render())}" if isinstance(r, PgidgenError) else f"done, pause {r.pause_ms or 0:.0f} ms"), err=True))
-    result = rebalance(config, names, parallel=parallel, options=opts, on_done=None if as_json else show)
+    result = rebalance(config, names, parallel=parallel, options=opts, by=by, on_done=None if as_json else show)
     if not as_json:
         from .shardmap import read_map
 
         now = read_map(config)  # as the databases report it: a move that failed past its flip left its shard on the target
-        click.echo("\n".join(result.lines(now.databases, list(now.unreachable)) + result.plan.lines()[len(result.plan.before) + len(result.plan.moves):]))
+        click.echo("\n".join(result.lines(now.databases, list(now.unreachable), now.bytes) + result.plan.lines()[len(result.plan.before) + len(result.plan.moves):]))
     else:
         click.echo(json.dumps(result.as_dict(), indent=2))
     if not result.ok:
@@ -594,3 +611,6 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
 
 
 from . import cli_check  # noqa: E402,F401  (registers `pgidgen check`)
+from .cli_fleet import cleanup_cmd  # noqa: E402 - registered here, defined beside it to keep this file short
+
+main.add_command(cleanup_cmd)

@@ -9,6 +9,7 @@ from .config import Config
 from .db import read_each
 from .idgen import schema_name
 from .ranges import collapse
+from .sizes import ShardSize, read_sizes
 
 
 @dataclass
@@ -20,6 +21,9 @@ class ShardMap:
     unreachable: dict[str, str] = field(default_factory=dict)
     #: shards in the middle of a move (running, or interrupted: its replication slot holds WAL on the source)
     moving: dict[int, dict[str, str | None]] = field(default_factory=dict)
+    #: bytes on disk per database: of its active shards, and of its retired copies
+    bytes: dict[str, int] = field(default_factory=dict)
+    retired_bytes: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -31,8 +35,9 @@ class ShardMap:
     def as_dict(self) -> dict[str, Any]:
         return {
             "shard_count": self.shard_count,
-            "databases": {name: {"shards": collapse(s), "count": len(s)} for name, s in self.databases.items()},
+            "databases": {name: {"shards": collapse(s), "count": len(s), "bytes": self.bytes.get(name)} for name, s in self.databases.items()},
             "retired": {name: collapse(s) for name, s in self.retired.items() if s},
+            "retired_copies": {name: {"count": len(s), "bytes": self.retired_bytes.get(name)} for name, s in self.retired.items() if s},
             "unreachable": self.unreachable,
             "problems": self.problems,
             "moving": [{"shard": sh, **ends} for sh, ends in sorted(self.moving.items())],
@@ -43,8 +48,10 @@ class ShardMap:
 def read_map(config: Config) -> ShardMap:
     names = config.select(None)
 
-    states, unreachable = read_each(config, names, read_state, need=())
+    both, unreachable = read_each(config, names, _read_with_sizes, need=())
+    states = {n: st for n, (st, _) in both.items()}
     m = build_map(states, unreachable)
+    add_sizes(m, {n: sizes for n, (_, sizes) in both.items()})
     installed = {st.layout for st in states.values() if st.layout is not None}
     if len(installed) == 1 and config.layout not in installed:
         (theirs,) = installed
@@ -53,6 +60,17 @@ def read_map(config: Config) -> ShardMap:
             f" would read IDs wrongly; set [layout] in {config.path or 'the config'} to the installed one"
         )
     return m
+
+
+def _read_with_sizes(conn: Any) -> tuple[CatalogState, dict[int, ShardSize]]:
+    st = read_state(conn)
+    return st, (read_sizes(conn) if st.has_catalog else {})
+
+
+def add_sizes(m: ShardMap, sizes: dict[str, dict[int, ShardSize]]) -> None:
+    for name, per_shard in sizes.items():
+        m.bytes[name] = sum(z.bytes for z in per_shard.values() if z.state in ("active", "moving"))
+        m.retired_bytes[name] = sum(z.bytes for z in per_shard.values() if z.state == "retired")
 
 
 def _describe(layout: Any) -> str:

@@ -234,7 +234,8 @@ def test_databases_option_and_json(sharded: Config, config_file: Path, schema_fi
     res = cli(config_file, "apply-ddl", str(schema_file), "--databases", "db2", "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.output) == [
-        {"database": "db2", "ok": True, "changed": True, "summary": "applied schema.sql (#1) to 2 shards (2-3)", "applied": 2, "caught_up": 0}
+        {"database": "db2", "ok": True, "changed": True, "summary": "applied schema.sql (#1) to 2 shards (2-3)", "applied": 2, "caught_up": 0,
+         "transactions": 1}
     ]
     assert tables(sharded, "db1", 0) == [] and tables(sharded, "db2", 2) == ["likes", "photos"]
     res = cli(config_file, "status", "--drift")

@@ -23,13 +23,13 @@ def test_map_collapses_ranges(config: Config, config_file: Path) -> None:
     assert r.exit_code == 0, r.output
     assert r.stdout == (
         "shard count: 30\n"
-        "db1: 15 shards 0-14\n"
-        "db2: 15 shards 15-29\n"
+        "db1: 15 shards 0-14, 0 bytes\n"
+        "db2: 15 shards 15-29, 0 bytes\n"
         "db3: 0 shards -\n"
         "ok: every shard is in exactly one database\n"
     )
     data = json.loads(run_map(config_file, "--json").stdout)
-    assert data["databases"]["db2"] == {"shards": "15-29", "count": 15}
+    assert data["databases"]["db2"] == {"shards": "15-29", "count": 15, "bytes": 0}
     assert data["ok"] is True
 
 

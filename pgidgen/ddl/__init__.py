@@ -3,6 +3,7 @@
 - `rewrite.py`: parsing with pglast and rewriting a file into a per-shard template (no database involved);
 - `ledger.py`: the ledger in each database's catalog, and replaying it for new shards;
 - `apply.py`: `pgidgen apply-ddl` (plan, render, execute);
+- `locks.py`: how many shards one apply-ddl transaction takes, from the server's lock table;
 - `drift.py`: comparing the shards' schemas (`pgidgen status --drift`).
 """
 from __future__ import annotations

@@ -11,6 +11,8 @@
 - cleanup.py   --verify afterwards, and --cleanup of the retired source copy
 - plan.py      --dry-run
 - rebalance.py pgidgen rebalance: even spread, several moves at once
+- balance.py   rebalance --by size: the plan that evens out bytes on disk
+- retired.py   pgidgen cleanup: every retired copy (or those older than an age) dropped at once
 """
 from __future__ import annotations
 

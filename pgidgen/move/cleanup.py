@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
+
 from ..config import Config
 from ..db import connect
 from ..errors import ConflictError
@@ -47,22 +49,30 @@ def cleanup(config: Config, shard: int, *, only: tuple[str, str] | None = None) 
             if rec is not None:
                 raise MoveError(f"a move of shard {shard} is not finished (move {rec.move_id}, step {rec.step})", where=name,
                                 hint=f"resume or roll it back first: 'pgidgen move-shard --resume {shard}'")
-            with conn.transaction():
-                row = conn.execute("SELECT schema_name FROM pgidgen.shards WHERE shard = %s AND state = 'retired' FOR UPDATE", (shard,)).fetchone()
-                if row is None or (only is not None and row[0] != only[1]):
-                    continue
-                found = outside_dependents(conn, row[0])
-                if found:
-                    raise MoveError(f"objects outside {name}.{row[0]} depend on it: {describe_dependents(found)}",
-                                    hint="dropping the copy would drop them too: drop them or make them independent of it first, then --cleanup again")
-                conn.execute(f"DROP SCHEMA IF EXISTS {q.ident(row[0])} CASCADE")
-                conn.execute("DELETE FROM pgidgen.shards WHERE shard = %s AND state = 'retired'", (shard,))
-                if conn.execute("SELECT to_regclass('pgidgen.ddl_ledger') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
-                    conn.execute("DELETE FROM pgidgen.ddl_ledger WHERE shard = %s", (shard,))
-            report.dropped.append(f"{name}.{row[0]}")
+            schema = drop_copy(conn, name, shard, only=None if only is None else only[1])
+            if schema is not None:
+                report.dropped.append(f"{name}.{schema}")
         finally:
             conn.close()
     return report
+
+
+def drop_copy(conn: psycopg.Connection[Any], name: str, shard: int, *, only: str | None = None) -> str | None:
+    """Drop this database's retired copy of shard (only: if it is that schema) in one transaction; its schema name,
+    or None when there is none. Refuses, naming them, when objects outside the copy depend on it."""
+    with conn.transaction():
+        row = conn.execute("SELECT schema_name FROM pgidgen.shards WHERE shard = %s AND state = 'retired' FOR UPDATE", (shard,)).fetchone()
+        if row is None or (only is not None and row[0] != only):
+            return None
+        found = outside_dependents(conn, row[0])
+        if found:
+            raise MoveError(f"objects outside {name}.{row[0]} depend on it: {describe_dependents(found)}",
+                            hint="dropping the copy would drop them too: drop them or make them independent of it first, then clean up again")
+        conn.execute(f"DROP SCHEMA IF EXISTS {q.ident(row[0])} CASCADE")
+        conn.execute("DELETE FROM pgidgen.shards WHERE shard = %s AND state = 'retired'", (shard,))
+        if conn.execute("SELECT to_regclass('pgidgen.ddl_ledger') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+            conn.execute("DELETE FROM pgidgen.ddl_ledger WHERE shard = %s", (shard,))
+    return str(row[0])
 
 
 def last_done_move(config: Config, shard: int) -> MoveRecord:

@@ -1,8 +1,9 @@
 """`pgidgen rebalance`: spread the shards evenly over the databases by moving whole shards, several at once.
 
-Every move is an ordinary move-shard (same checks, journal, cutover, verification); rebalance only chooses them:
-the fewest moves that leave every database within one shard of the others, taking from each crowded database
-its highest-numbered shards (so what stays keeps its contiguous ranges). Shards in the middle of a move stay where
+Every move is an ordinary move-shard (same checks, journal, cutover, verification); rebalance only chooses them.
+By size (the default) it evens out the bytes on disk (balance.py); by count, the fewest moves that leave every
+database within one shard of the others, taking from each crowded database its highest-numbered shards (so what
+stays keeps its contiguous ranges). Shards in the middle of a move stay where
 they are, and a shard never goes back to a database that still holds its retired copy: another one goes instead.
 A failed move does not stop the others; it stays resumable on its own (`pgidgen move-shard N --resume`, or
 `--rollback` when it failed before activating the target).
@@ -19,7 +20,10 @@ import psycopg
 from ..config import Config
 from ..db import connect, pg_message
 from ..errors import ConfigError, PgidgenError
+from ..db import read_each
 from ..ranges import collapse
+from ..sizes import human, read_sizes
+from .balance import spread_bytes
 from .context import MoveError, preflight, read_states
 from .engine import MoveOptions, MoveReport, ensure_catalog, move_shard
 
@@ -43,16 +47,30 @@ class RebalancePlan:
     midmove: dict[int, str] = field(default_factory=dict)
     #: shards that would have evened the spread but whose retired copy is still on the database short of shards
     blocked: dict[int, str] = field(default_factory=dict)
+    by: str = "count"
+    #: bytes on disk of every shard held (empty: not read)
+    sizes: dict[int, int] = field(default_factory=dict)
 
     @property
     def even(self) -> bool:
+        if self.by == "size":
+            return not self.blocked
         counts = [len(v) for v in self.after.values()]
         return max(counts) - min(counts) <= 1
 
+    def bytes_of(self, shards: Sequence[int]) -> int:
+        return sum(self.sizes.get(s, 0) for s in shards)
+
+    def _held(self, shards: Sequence[int]) -> str:
+        return f"{len(shards)} shards" + (f", {human(self.bytes_of(shards))}" if self.sizes else "")
+
     def as_dict(self) -> dict[str, Any]:
         return {
+            "by": self.by,
             "before": {n: len(s) for n, s in self.before.items()},
             "after": {n: len(s) for n, s in self.after.items()},
+            "bytes_before": {n: self.bytes_of(s) for n, s in self.before.items()},
+            "bytes_after": {n: self.bytes_of(s) for n, s in self.after.items()},
             "moves": [m.as_dict() for m in self.moves],
             "left_mid_move": [{"shard": s, "database": n} for s, n in sorted(self.midmove.items())],
             "blocked_by_retired_copy": [{"shard": s, "database": n} for s, n in sorted(self.blocked.items())],
@@ -60,8 +78,9 @@ class RebalancePlan:
         }
 
     def lines(self) -> list[str]:
-        out = [f"{n}: {len(self.before[n])} shards -> {len(self.after[n])} ({collapse(self.after[n]) or '-'})" for n in self.before]
-        out += [f"move shard {m.shard}: {m.source} -> {m.target}" for m in self.moves]
+        out = [f"{n}: {self._held(self.before[n])} -> {self._held(self.after[n])} ({collapse(self.after[n]) or '-'})" for n in self.before]
+        out += [f"move shard {m.shard}: {m.source} -> {m.target}" + (f" ({human(self.sizes.get(m.shard, 0))})" if self.sizes else "")
+                for m in self.moves]
         out += [f"shard {s} is in the middle of a move: left on {n} (finish it with 'pgidgen move-shard {s} --resume' or '--rollback')"
                 for s, n in sorted(self.midmove.items())]
         if not self.even:
@@ -90,14 +109,21 @@ class RebalanceResult:
         return {"plan": self.plan.as_dict(), "moves": [r.as_dict() for r in self.reports],
                 "failed": [{**m.as_dict(), "error": e} for m, e in self.failures], "ok": self.ok}
 
-    def lines(self, now: dict[str, list[int]], unreachable: Sequence[str] = ()) -> list[str]:
-        """Shards per database before the run and now (as the databases report it: read_map)."""
-        return [f"{n}: {len(before)} shards -> " + ("? (unreachable now)" if n in unreachable else
-                                                     f"{len(now.get(n, []))} ({collapse(sorted(now.get(n, []))) or '-'})")
+    def lines(self, now: dict[str, list[int]], unreachable: Sequence[str] = (), now_bytes: dict[str, int] | None = None) -> list[str]:
+        """Shards (and bytes) per database before the run and now (as the databases report it: read_map)."""
+        def held(n: str) -> str:
+            shards = now.get(n, [])
+            return f"{len(shards)} shards" + (f", {human(now_bytes[n])}" if now_bytes and n in now_bytes else "")
+
+        return [f"{n}: {self.plan._held(before)} -> " + ("? (unreachable now)" if n in unreachable else
+                                                       f"{held(n)} ({collapse(sorted(now.get(n, []))) or '-'})")
                 for n, before in self.plan.before.items()]
 
 
-def plan_rebalance(config: Config, databases: Sequence[str] | None = None) -> RebalancePlan:
+def plan_rebalance(config: Config, databases: Sequence[str] | None = None, *, by: str = "size") -> RebalancePlan:
+    """by="size": even out the bytes on disk; by="count": the number of shards."""
+    if by not in ("size", "count"):
+        raise ConfigError(f"--by {by!r}: rebalance plans by size or by count")
     names = config.select(list(databases) if databases else None)
     states, _ = read_states(config, need=tuple(names))
     # a shard mid-move counts where it serves: its source until the flip ('moving'), then its target ('incoming')
@@ -108,7 +134,20 @@ def plan_rebalance(config: Config, databases: Sequence[str] | None = None) -> Re
     if sum(len(v) for v in held.values()) == 0:
         raise ConfigError("the named databases hold no shards", hint="run 'pgidgen init' first")
     retired = {n: {s for s, st in states[n].shards.items() if st == "retired"} for n in names}
-    return spread(names, held, fixed=set(midmove), retired=retired, midmove=midmove)
+    found, _ = read_each(config, names, read_sizes)
+    sizes = {s: z.bytes for n in names for s, z in found[n].items() if s in set(held[n])}
+    if by == "count":
+        plan = spread(names, held, fixed=set(midmove), retired=retired, midmove=midmove)
+    else:
+        moves, blocked = spread_bytes(names, held, sizes, fixed=set(midmove), retired=retired)
+        after = {n: set(v) for n, v in held.items()}
+        for s, d, r in moves:
+            after[d].discard(s)
+            after[r].add(s)
+        plan = RebalancePlan(before={n: sorted(v) for n, v in held.items()}, after={n: sorted(v) for n, v in after.items()},
+                             moves=sorted((PlannedMove(*m) for m in moves), key=lambda m: m.shard), midmove=dict(midmove), blocked=blocked)
+    plan.by, plan.sizes = by, sizes
+    return plan
 
 
 def spread(
@@ -158,11 +197,12 @@ def rebalance(
     parallel: int = 2,
     options: MoveOptions | None = None,
     on_done: Callable[[PlannedMove, MoveReport | PgidgenError], None] | None = None,
+    by: str = "size",
 ) -> RebalanceResult:
     """Run the plan's moves, at most `parallel` at a time; each is a full move-shard with its own guarantees."""
     if parallel < 1:
         raise ConfigError(f"--parallel must be at least 1, not {parallel}")
-    plan = plan_rebalance(config, databases)
+    plan = plan_rebalance(config, databases, by=by)
     result = RebalanceResult(plan)
     if not plan.moves:
         return result

@@ -1,0 +1,79 @@
+"""The size-aware plan of `pgidgen rebalance --by size`: even out the bytes on disk, not the number of shards.
+
+A shard weighs its tables and indexes on disk (sizes.py) plus FLOOR, so empty shards still spread. Greedy, one
+move at a time: from the heaviest database to the lightest one it may give to, the shard whose weight is closest
+to half the difference between them (it closes the gap most), among those lighter than the difference (moving
+it makes the pair more even, never less); ties go to the highest-numbered shard, so equal shards move as the
+count plan moves them. Each shard moves at most once per plan; pinned shards (mid-move) stay; a shard never goes
+to a database that still holds its retired copy. It stops when every pair is within TOLERANCE of the average load
+or no move would narrow a gap.
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Sequence
+
+#: What a shard weighs beyond its bytes: an empty shard (no tables yet) still counts.
+FLOOR = 8192
+#: Loads within this share of the average database's are even enough: no moves for the last few kilobytes.
+TOLERANCE = 0.01
+
+
+def _closest(items: list[tuple[int, int]], gap: int, skip: set[int]) -> tuple[int, int] | None:
+    """The (weight, shard) of items (sorted) lighter than gap whose weight is closest to gap / 2, the highest shard
+    among equals, skipping shards in skip."""
+    i = bisect_right(items, (gap // 2, 1 << 62))
+    below = next((items[j] for j in range(i - 1, -1, -1) if items[j][1] not in skip), None)
+    above = None
+    for j in range(i, len(items)):
+        w, s = items[j]
+        if w >= gap:
+            break
+        if s in skip:
+            continue
+        if above is not None and w != above[0]:
+            break
+        above = (w, s)  # keep going: the highest shard of this weight
+    if below is None or (above is not None and 2 * above[0] - gap < gap - 2 * below[0]):
+        return above
+    return below
+
+
+def spread_bytes(
+    names: Sequence[str], held: dict[str, list[int]], sizes: dict[int, int], *, fixed: set[int], retired: dict[str, set[int]],
+) -> tuple[list[tuple[int, str, str]], dict[int, str]]:
+    """(moves as (shard, source, target), blocked: shards whose retired copy on the lightest database kept them from
+    narrowing the widest gap)."""
+    names = list(names)
+    weight = {s: sizes.get(s, 0) + FLOOR for shards in held.values() for s in shards}
+    load = {n: sum(weight[s] for s in held[n]) for n in names}
+    movable = {n: sorted((weight[s], s) for s in held[n] if s not in fixed) for n in names}
+    tol = max(FLOOR, int(sum(load.values()) / max(1, len(names)) * TOLERANCE))
+    moves: list[tuple[int, str, str]] = []
+    while True:
+        taken = None
+        for d in sorted(names, key=lambda n: (-load[n], names.index(n))):
+            for r in sorted(names, key=lambda n: (load[n], names.index(n))):
+                gap = load[d] - load[r]
+                if gap <= tol:
+                    break
+                pick = _closest(movable[d], gap, retired.get(r, set()))
+                if pick is not None:
+                    taken = (pick, d, r)
+                    break
+            if taken:
+                break
+        if taken is None:
+            break
+        (w, s), d, r = taken
+        movable[d].remove((w, s))
+        load[d] -= w
+        load[r] += w
+        moves.append((s, d, r))
+    blocked: dict[int, str] = {}
+    lightest = min(names, key=lambda n: (load[n], names.index(n)))
+    for d in names:
+        gap = load[d] - load[lightest]
+        if gap > tol:
+            blocked.update({s: lightest for w, s in movable[d] if w < gap and s in retired.get(lightest, set())})
+    return moves, blocked
