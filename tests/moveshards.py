@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,8 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def no_bytes(output: str) -> list[str]:
+    """Output lines without the sizes in them (", 96 kB", " (48 kB)"): they differ between PostgreSQL majors."""
+    return [re.sub(r",? \(?[0-9.]+ (bytes|kB|MB|GB)\)?", "", line) for line in output.splitlines()]

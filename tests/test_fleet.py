@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 from click.testing import CliRunner, Result
 from movekit import leftovers
-from test_move import no_bytes, quick_subscription_start, setup_shards  # noqa: F401 - the fixture applies here too
+from moveshards import no_bytes, quick_subscription_start, setup_shards  # noqa: F401 - the fixture applies here too
 
 from pgidgen.cli import main
 from pgidgen.config import Config

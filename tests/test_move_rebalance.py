@@ -1,24 +1,18 @@
 """pgidgen rebalance: the plan, moves onto a new database, around a move in progress and retired copies."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import psycopg
 from click.testing import CliRunner
 from movekit import leftovers
-from moveshards import quick_subscription_start, rows_of, setup_shards, start_cli, state_of, wait_stopped  # noqa: F401 (an autouse fixture)
+from moveshards import no_bytes, quick_subscription_start, rows_of, setup_shards, start_cli, state_of, wait_stopped  # noqa: F401 (an autouse fixture)
 
 from pgidgen.cli import main
 from pgidgen.config import Config
 from pgidgen.move import cleanup, move_shard, rollback_move
 from pgidgen.move.rebalance import spread
 from pgidgen.shardmap import read_map
-
-
-def no_bytes(output: str) -> list[str]:
-    """Output lines without the sizes in them (", 96 kB", " (48 kB)"): they differ between PostgreSQL majors."""
-    return [re.sub(r",? \(?[0-9.]+ (bytes|kB|MB|GB)\)?", "", line) for line in output.splitlines()]
 
 
 def test_rebalance_onto_a_new_database(config: Config, config_file: Path) -> None:
