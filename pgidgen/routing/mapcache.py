@@ -16,6 +16,7 @@ from ..config import Config
 from ..db import CONNECT_TIMEOUT, connect, each_database, pg_message
 from ..errors import ConflictError, DatabaseError, InputError, PgidgenError, RoutingError, ShardUnavailableError
 from ..idgen import schema_name
+from .pools import behind_pooler
 
 SERVING = ("active", "moving")
 VERSION_SQL = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM pgidgen.map_version"
@@ -135,14 +136,23 @@ def fresh_connection(config: Config, name: str) -> AbstractContextManager[psycop
 
 
 def read_catalogs(
-    config: Config, *, connection: Connector | None = None
+    config: Config, *, connection: Connector | None = None, retry: Connector | None = None
 ) -> tuple[dict[str, CatalogState], dict[str, int], dict[str, str]]:
     """Every configured database's map rows and layout (in parallel; not the schema scan `pgidgen map` does):
     states, map versions, and what was unreachable. connection(name): a context manager yielding an autocommit
-    connection (a router's pools); a new connection each by default."""
+    connection (a router's pools); a new connection each by default. retry(name): a connection to read again
+    with when the first failed (a pooled one the server or a pooler dropped)."""
 
     def work(name: str) -> tuple[CatalogState, int]:
-        with (connection or (lambda n: fresh_connection(config, n)))(name) as conn:
+        try:
+            return read_one(name, connection or (lambda n: fresh_connection(config, n)))
+        except DatabaseError:
+            if retry is None:
+                raise
+            return read_one(name, retry)
+
+    def read_one(name: str, connection: Connector) -> tuple[CatalogState, int]:
+        with connection(name) as conn:
             try:
                 version = NO_CATALOG
                 if conn.execute(HAS_VERSION_SQL).fetchone() == (True,):
@@ -192,6 +202,14 @@ class MapCache:
         self._closed = False
         self._stop = threading.Event()
         self._listeners: list[threading.Thread] = []
+        self._hearing: set[str] = set()  # databases whose LISTEN connection is up
+        self._age = max_age if max_age is not None or not listen else DEAF_POLL
+
+    def _heard(self, name: str, hearing: bool) -> None:
+        """A listener came up or went down: while any database cannot be heard, poll the map versions."""
+        (self._hearing.add if hearing else self._hearing.discard)(name)
+        if self.max_age is None and self.listen:
+            self._age = None if len(self._hearing) == len(self.config.databases) else DEAF_POLL
 
     def close(self) -> None:
         self._closed = True
@@ -208,7 +226,8 @@ class MapCache:
         a database's pgidgen.map_version moved. While one thread re-reads it, the others keep routing by the
         previous snapshot: the claim, not the map, is what keeps writes in the right place."""
         m = self._map
-        if m is not None and not self._stale and (self.max_age is None or time.monotonic() - m.loaded_at < self.max_age):
+        age = self._age
+        if m is not None and not self._stale and (age is None or time.monotonic() - m.loaded_at < age):
             return m
         if not self._lock.acquire(blocking=m is None):
             return m  # type: ignore[return-value]  # m is not None here: someone else is re-reading
@@ -216,7 +235,8 @@ class MapCache:
             if self._closed:
                 raise RoutingError("this Router is closed", hint="create a new one")
             m = self._map
-            if m is not None and not self._stale and self.max_age is not None and time.monotonic() - m.loaded_at >= self.max_age:
+            age = self._age
+            if m is not None and not self._stale and age is not None and time.monotonic() - m.loaded_at >= age:
                 if not self._versions_moved(m):
                     m.loaded_at = time.monotonic()
                     return m
@@ -226,7 +246,7 @@ class MapCache:
                     self._start_listeners()
                 self._stale = False  # before reading: a NOTIFY during the read marks it stale again
                 try:
-                    states, versions, unreachable = read_catalogs(self.config, connection=self._map_connection)
+                    states, versions, unreachable = read_catalogs(self.config, connection=self._map_connection, retry=self.fresh)
                     m = build_routes(self.config, states, versions, unreachable, previous=self._map)
                 except PgidgenError:
                     self._stale = True
@@ -278,20 +298,27 @@ class MapCache:
             ev.wait(timeout=CONNECT_TIMEOUT)
 
     def _listen_loop(self, name: str, ready: threading.Event) -> None:
+        """LISTEN on the database's direct connection (admin_dsn); a transaction pooler would hand the LISTENing
+        session to other clients and drop the notifications, so through one the map is polled instead."""
         backoff = 0.1
         while not self._stop.is_set():
             try:
                 with psycopg.connect(
                     self.config.dsn(name), autocommit=True, connect_timeout=CONNECT_TIMEOUT, application_name=self.application_name
                 ) as conn:
+                    if self.config.poolers.get(name) != "session" and behind_pooler(conn):
+                        ready.set()
+                        return  # deaf for good: polled
                     conn.execute("LISTEN pgidgen_map")
                     self.invalidate()  # whatever happened while not listening
+                    self._heard(name, True)
                     ready.set()
                     backoff = 0.1
                     while not self._stop.is_set():
                         for _ in conn.notifies(timeout=0.2):
                             self.invalidate()
             except (psycopg.Error, PgidgenError):  # PgidgenError: its ${VAR} is not set (config.dsn)
-                ready.set()  # unreachable now: the map says so; reconnecting (above) re-reads it
+                self._heard(name, False)
+                ready.set()  # unreachable now: the map says so and is polled; reconnecting (above) re-reads it
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)

@@ -10,7 +10,7 @@ import psycopg
 from ..config import Config, load_config
 from ..errors import InputError, RoutingError
 from .keys import ShardKey, modulo, shard_of_id
-from .mapcache import MapCache, Route, RoutingMap, fresh_connection
+from .mapcache import MapCache, Route, RoutingMap
 from .pools import Pools
 from .unit import Units
 
@@ -41,7 +41,8 @@ class Router:
     ) -> None:
         """search_path: schemas after the shard's own (extensions' types and functions; default public).
         retry_for: how long Router.run keeps retrying a shard that is moving. listen: LISTEN pgidgen_map on
-        every database so moves refresh the map at once; max_age: also re-read it when older (seconds)."""
+        every database's direct connection so moves refresh the map at once (where that cannot be done, the map
+        versions are polled every second instead); max_age: poll them that often (seconds) anyway."""
         config.select(None)  # no databases configured: say so now
         self.config = config
         self.layout = config.layout
@@ -51,7 +52,7 @@ class Router:
         self.maps = MapCache(
             config,
             pooled=self.pools.connection,
-            fresh=lambda name: fresh_connection(config, name),
+            fresh=self.pools.fresh,
             listen=listen,
             max_age=max_age,
             application_name=application_name,

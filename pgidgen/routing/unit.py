@@ -11,7 +11,7 @@ import psycopg
 from psycopg import sql
 
 from ..config import Config, describe_dsn
-from ..db import connect, pg_message
+from ..db import pg_message
 from ..errors import DatabaseError, PgidgenError, ShardMovedError, ShardUnavailableError
 from ..idgen import schema_name
 from .mapcache import SERVING, MapCache, Route
@@ -101,7 +101,7 @@ class Units:
     def _diagnose(self, conn: psycopg.Connection[Any], route: Route, e: psycopg.Error) -> PgidgenError | None:
         """The error to raise instead of e, if e means the shard is not (or no longer) served there."""
         state = getattr(e, "sqlstate", None)
-        where = f"{route.database}, {describe_dsn(self.config.dsn(route.database))}"
+        where = f"{route.database}, {describe_dsn(self.config.app_dsn(route.database))}"
         if state == "42883" and "claim_shard" in (getattr(e.diag, "message_primary", None) or ""):
             return DatabaseError(
                 f"database {route.database} has a pgidgen catalog without pgidgen.claim_shard()",
@@ -128,7 +128,7 @@ class Units:
         query = "SELECT state FROM pgidgen.shards WHERE shard = %s"
         try:
             if conn.broken or conn.closed:
-                with connect(route.database, self.config.dsn(route.database), autocommit=True) as fresh:
+                with self.pools.fresh(route.database) as fresh:
                     row = fresh.execute(query, (route.shard,)).fetchone()
             else:
                 row = conn.execute(query, (route.shard,)).fetchone()
