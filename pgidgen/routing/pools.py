@@ -20,6 +20,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ..config import Config, describe_dsn
 from ..db import CONNECT_TIMEOUT, pg_message
 from ..errors import DatabaseError, RoutingError
+from .claiming import ClaimingConnection
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class Pools:
                     max_size=self.max_size,
                     kwargs=policy.connect_kwargs(self.application_name),
                     name=f"pgidgen-{name}",
+                    connection_class=ClaimingConnection,
                     open=True,
                 )
                 self._pools[name] = pool

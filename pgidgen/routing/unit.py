@@ -1,6 +1,7 @@
 """The unit of work: a transaction on the database the map names, which first claims the shard there
-(pgidgen.claim_shard) and sets its search_path; a failure a move explains becomes ShardMovedError, and
-`run` runs the work again where the shard lives now. The argument is in the package's docstring."""
+(pgidgen.claim_shard; sent with the work's first statement: claiming.py) and sets its search_path; a failure a
+move explains becomes ShardMovedError, and `run` runs the work again where the shard lives now. The argument is
+in the package's docstring."""
 from __future__ import annotations
 
 import time
@@ -9,11 +10,15 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
+
+IDLE = TransactionStatus.IDLE
 
 from ..config import Config, describe_dsn
 from ..db import pg_message
 from ..errors import DatabaseError, PgidgenError, ShardMovedError, ShardUnavailableError
 from ..idgen import schema_name
+from .claiming import ClaimingConnection, claim_sql
 from .mapcache import SERVING, MapCache, Route
 from .pools import Pools
 
@@ -37,6 +42,7 @@ class Units:
         self.retry_for = retry_for
         self.stats = stats
         self._paths: dict[int, str] = {}
+        self._claims: dict[int, bytes] = {}
 
     def search_path_for(self, shard: int) -> str:
         path = self._paths.get(shard)
@@ -49,22 +55,39 @@ class Units:
     def transaction(self, shard: int, *, read_only: bool = False) -> Iterator[psycopg.Connection[Any]]:
         route = self.maps.get().route(shard)
         with self.pools.connection(route.database) as conn:
-            claimed = False
+            assert isinstance(conn, ClaimingConnection)
+            conn.begin_unit(self.claim_for(shard, read_only))
+            committing = False
             try:
-                with conn.transaction():
-                    self._claim(conn, route, read_only)
-                    claimed = True
-                    yield conn
-            except psycopg.Error as e:
-                if not claimed and conn.broken:  # a pooled connection the server dropped (restart, terminate)
+                yield conn
+                if conn.end_unit() and conn.pgconn.transaction_status != IDLE:
+                    committing = True
+                    conn.commit()
+            except BaseException as e:
+                conn.end_unit()
+                if not conn.broken and conn.pgconn.transaction_status != IDLE:
+                    try:
+                        conn.rollback()
+                    except psycopg.Error:
+                        pass
+                if not isinstance(e, psycopg.Error):
+                    raise
+                if conn.broken and not committing:  # dropped by the server or a pooler: nothing was committed
                     raise ShardUnavailableError(
-                        f"the connection to database {route.database} broke before the transaction began: {pg_message(e)}",
+                        f"the connection to database {route.database} broke before the transaction committed: {pg_message(e)}",
                         hint="nothing was written; Router.run retries with a new connection",
                     ) from e
                 moved = self._diagnose(conn, route, e)
                 if moved is None:
                     raise
                 raise moved from e
+
+    def claim_for(self, shard: int, read_only: bool) -> bytes:
+        key = -shard - 1 if read_only else shard
+        claim = self._claims.get(key)
+        if claim is None:
+            claim = self._claims[key] = claim_sql(shard, self.search_path_for(shard), read_only)
+        return claim
 
     def run(self, shard: int, work: Callable[[psycopg.Connection[Any]], T], *, read_only: bool = False) -> T:
         deadline = time.monotonic() + self.retry_for
@@ -86,17 +109,6 @@ class Units:
                 if again:  # the map has not caught up with the move yet: wait for it
                     time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                     delay = min(delay * 2, 0.25)
-
-    def _claim(self, conn: psycopg.Connection[Any], route: Route, read_only: bool) -> None:
-        path = self.search_path_for(route.shard)
-        if read_only:
-            conn.execute(
-                "SELECT pgidgen.claim_shard(%s, false), pg_catalog.set_config('search_path', %s, true),"
-                " pg_catalog.set_config('transaction_read_only', 'on', true)",
-                (route.shard, path),
-            )
-        else:
-            conn.execute("SELECT pgidgen.claim_shard(%s), pg_catalog.set_config('search_path', %s, true)", (route.shard, path))
 
     def _diagnose(self, conn: psycopg.Connection[Any], route: Route, e: psycopg.Error) -> PgidgenError | None:
         """The error to raise instead of e, if e means the shard is not (or no longer) served there."""
