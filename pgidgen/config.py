@@ -23,6 +23,11 @@ DEFAULT_NAME = "pgidgen.toml"
 ENV_VAR = "PGIDGEN_CONFIG"
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,62}$")
 _INTERP_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+#: pooler = ... in a database's table: what sits between the application and the database. "transaction"
+#: (PgBouncer's pool_mode = transaction: no session state, no server-side prepared statements unless
+#: prepared_statements = true), "session", or "none" (a direct connection).
+POOLERS = ("transaction", "session", "none")
+_DB_KEYS = ("admin_dsn", "app_dsn", "pooler", "prepared_statements")
 
 
 @dataclass(frozen=True)
@@ -32,10 +37,25 @@ class Config:
     path: Path | None = None
     #: databases whose connection string names an unset ${VAR}: an error only for commands that connect to them
     unset: dict[str, ConfigError] = field(default_factory=dict, compare=False)
+    #: the connection string applications (the Router) use, when it is not the one above: through a pooler
+    app_dsns: dict[str, str] = field(default_factory=dict)
+    #: what sits behind app_dsns: POOLERS; none named: the Router probes
+    poolers: dict[str, str] = field(default_factory=dict)
+    #: databases whose transaction pooler keeps prepared statements per client (PgBouncer 1.21+ max_prepared_statements)
+    pooler_prepares: frozenset[str] = frozenset()
+    app_unset: dict[str, ConfigError] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        for dsn in self.databases.values():
+        for dsn in (*self.databases.values(), *self.app_dsns.values()):
             redact.register(dsn)
+
+    def app_dsn(self, name: str) -> str:
+        """The connection string for applications: app_dsn when the database names one (a pooler), else the one
+        pgidgen's own commands use."""
+        if name in self.app_unset:
+            e = self.app_unset[name]
+            raise ConfigError(e.what, where=e.where, hint=e.hint)
+        return self.app_dsns.get(name) or self.dsn(name)
 
     def dsn(self, name: str) -> str:
         if name in self.unset:
@@ -133,23 +153,64 @@ def config_from_dict(data: Mapping[str, Any], *, path: Path | None = None) -> Co
         raise type(e)(e.what, where=e.where, hint=e.hint) from None
     databases: dict[str, str] = {}
     unset: dict[str, ConfigError] = {}
+    app_dsns: dict[str, str] = {}
+    app_unset: dict[str, ConfigError] = {}
+    poolers: dict[str, str] = {}
+    prepares: set[str] = set()
     for name, value in dict(data.get("databases", {})).items():
         if not _NAME_RE.match(name):
             raise ConfigError(f"database name {name!r} is not a plain name", where=where, hint="use letters, digits, _ and -")
+        app: str | None = None
+        if isinstance(value, dict):
+            value, app, pooler, prepared = _database_table(name, value, where)
+            if pooler is not None:
+                poolers[name] = pooler
+            if prepared:
+                prepares.add(name)
         if not isinstance(value, str):
             raise ConfigError(f"database {name} must be a connection string", where=where,
                               hint=f'write it as {name} = "postgresql://user@host:5432/dbname" (a password as ${{VAR}}, from the environment)')
-        if password_in(value):
-            raise ConfigError(
-                f"the connection string of {name} contains a password",
-                where=where,
-                hint="keep secrets out of the file: use ${VAR} interpolation, PGPASSWORD or ~/.pgpass",
-            )
+        for dsn in (value, app):
+            if dsn is not None and password_in(dsn):
+                raise ConfigError(
+                    f"the connection string of {name} contains a password",
+                    where=where,
+                    hint="keep secrets out of the file: use ${VAR} interpolation, PGPASSWORD or ~/.pgpass",
+                )
         try:
             databases[name] = interpolate(value, name=name, where=where)
         except ConfigError as e:  # raised when a command connects to it: decode, layout, --sql never do
             databases[name], unset[name] = value, e
-    return Config(layout=layout, databases=databases, path=path, unset=unset)
+        if app is not None:
+            try:
+                app_dsns[name] = interpolate(app, name=name, where=where)
+            except ConfigError as e:
+                app_dsns[name], app_unset[name] = app, e
+    return Config(layout=layout, databases=databases, path=path, unset=unset, app_dsns=app_dsns, poolers=poolers,
+                  pooler_prepares=frozenset(prepares), app_unset=app_unset)
+
+
+def _database_table(name: str, table: Mapping[str, Any], where: str | None) -> tuple[Any, str | None, str | None, bool]:
+    """db = { admin_dsn = "...", app_dsn = "...", pooler = "transaction" }: the direct connection string for
+    pgidgen's commands (init, moves, LISTEN), the one applications use (through a pooler), and what that is."""
+    extra = set(table) - set(_DB_KEYS)
+    if extra or "admin_dsn" not in table:
+        raise ConfigError(
+            f"database {name}: {'unknown key(s) ' + ', '.join(sorted(extra)) if extra else 'admin_dsn is missing'}",
+            where=where,
+            hint=f'write {name} = {{ admin_dsn = "postgresql://host/db", app_dsn = "postgresql://pgbouncer:6432/db", pooler = "transaction" }}',
+        )
+    app = table.get("app_dsn")
+    if app is not None and not isinstance(app, str):
+        raise ConfigError(f"database {name}: app_dsn must be a connection string", where=where)
+    pooler = table.get("pooler")
+    if pooler is not None and pooler not in POOLERS:
+        raise ConfigError(f"database {name}: pooler = {pooler!r} is not one of {', '.join(POOLERS)}", where=where,
+                          hint="PgBouncer's pool_mode (statement mode cannot run a transaction of several statements)")
+    prepared = table.get("prepared_statements", False)
+    if not isinstance(prepared, bool):
+        raise ConfigError(f"database {name}: prepared_statements must be true or false", where=where)
+    return table["admin_dsn"], app, pooler, prepared
 
 
 def interpolate(value: str, *, name: str, where: str | None) -> str:

@@ -70,7 +70,7 @@ def find_bindir(major: int | None = None) -> Path:
     return pgbin.server(major).bindir
 
 
-def _run_as() -> str | None:
+def run_as() -> str | None:
     """The unprivileged user to run servers as, when we are root."""
     if os.geteuid() != 0:
         return None
@@ -89,7 +89,7 @@ def _command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[
     prefix: list[str] = []
     if env:
         prefix = ["env", *[f"{k}={v}" for k, v in env.items()]]
-    user = _run_as()
+    user = run_as()
     if user:
         return ["runuser", "-u", user, "--", *prefix, *argv]
     return [*prefix, *argv]
@@ -116,7 +116,7 @@ def free_port() -> int:
 
 def make_root(parent: str | None = None) -> Path:
     """A fresh directory the server user can write (under /tmp when root: the work tree may be unreachable)."""
-    user = _run_as()
+    user = run_as()
     base = tempfile.mkdtemp(prefix="pgidgen-sandbox-", dir=None if user else parent)
     if user:
         pw = pwd.getpwnam(user)

@@ -205,3 +205,25 @@ def test_a_service_files_options_are_not_replaced(tmp_path: Path, monkeypatch: p
     assert _options("host=h") == "-c geqo=off -c statement_timeout=0 -c idle_in_transaction_session_timeout=0"
     sub = psycopg.conninfo.conninfo_to_dict(session_conninfo("host=h", 150000))  # the server's connection: not our PGOPTIONS
     assert sub["options"] == "-c statement_timeout=0 -c idle_in_transaction_session_timeout=0 -c idle_session_timeout=0"
+
+
+def test_a_database_with_a_pooler_for_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    """admin_dsn for pgidgen's commands (direct), app_dsn for the Router (through a pooler); plain strings as before."""
+    monkeypatch.setenv("PGIDGEN_T_PW", "s3cret")
+    cfg = config_from_dict({"databases": {
+        "db1": "postgresql://h1/app",
+        "db2": {"admin_dsn": "postgresql://h2/app", "app_dsn": "postgresql://u:${PGIDGEN_T_PW}@bouncer:6432/db2", "pooler": "transaction"},
+        "db3": {"admin_dsn": "postgresql://h3/app", "pooler": "session", "prepared_statements": True},
+    }})
+    assert cfg.dsn("db2") == "postgresql://h2/app" and cfg.app_dsn("db2") == "postgresql://u:s3cret@bouncer:6432/db2"
+    assert cfg.app_dsn("db1") == cfg.dsn("db1") and cfg.app_dsn("db3") == cfg.dsn("db3")
+    assert cfg.poolers == {"db2": "transaction", "db3": "session"} and cfg.pooler_prepares == {"db3"}
+    for table, message in [
+        ({"app_dsn": "postgresql://b/x"}, "database db9: admin_dsn is missing"),
+        ({"admin_dsn": "postgresql://h/x", "pooler": "statement"}, "database db9: pooler = 'statement' is not one of transaction, session, none"),
+        ({"admin_dsn": "postgresql://h/x", "user": "x"}, "database db9: unknown key(s) user"),
+        ({"admin_dsn": "postgresql://h/x", "app_dsn": "postgresql://u:pw@b/x"}, "the connection string of db9 contains a password"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            config_from_dict({"databases": {"db9": table}})
+        assert err.value.what == message

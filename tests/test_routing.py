@@ -1,4 +1,4 @@
-"""The application side (pgidgen/routing.py) on real servers: routing, search_path, and moves flipping the map
+"""The application side (pgidgen/routing/) on real servers: routing, search_path, and moves flipping the map
 under the router — simulated by hand here the way move-shard does it (retire + rename on the old database,
 the shard created and activated on the new one), so the guarantee is tested independently of move-shard."""
 from __future__ import annotations

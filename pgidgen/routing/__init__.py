@@ -1,0 +1,45 @@
+"""The application side: which shard a key or an ID belongs to, which database serves that shard, and a
+pooled connection there with the shard's schema first on `search_path`, so unqualified SQL works.
+
+    router = Router.from_config()                  # or Router(config, shard_key=hashed)
+    shard = router.shard_for(user_id)              # key % shard_count, or your function
+    photo_id = router.run(shard, lambda conn: conn.execute(
+        "INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id", (user_id, "hi")).fetchone()[0])
+    with router.transaction(router.shard_of(photo_id)) as conn:   # any ID names its shard
+        conn.execute("SELECT * FROM photos WHERE id = %s", (photo_id,))
+
+Never writing to the wrong place. The map is only a cache (the union of every database's `pgidgen.shards`,
+refreshed on `NOTIFY pgidgen_map` and whenever a route turns out stale); it decides where to *try*. What
+decides whether a write may happen is the target database itself: every routed transaction starts with
+`pgidgen.claim_shard(N)`, which locks that database's `pgidgen.shards` row of shard N FOR SHARE and raises
+SQLSTATE PGR01 unless the row is 'active' (or 'moving'). A move retires the shard on the old database by
+UPDATE-ing that row, and an UPDATE waits for every FOR SHARE holder. So on any one database:
+- a transaction that passed the claim holds the row until it ends: the flip commits after it, so its writes
+  precede the flip in that database's commit order, and a move that copies everything committed before its
+  flip carries them over (the move's side of the contract);
+- a transaction that starts after the flip (or waited on the flipping UPDATE) sees 'retired' (READ
+  COMMITTED re-reads the updated row; REPEATABLE READ fails with 40001) and writes nothing;
+- a statement that reaches the old copy some other way finds the schema renamed (3F000/42P01) or, by its new
+  name, move-shard's always-on trigger refusing writes (25006): the helper re-reads the row before blaming the
+  move, so a genuinely missing table is still reported as such.
+The error is ShardMovedError (retryable); `Router.run` re-reads the map and runs the work again on the database
+that serves the shard now. move-shard's cutover takes the row lock (SELECT ... FOR UPDATE of the shard's row)
+before it blocks the shard's tables, the same order as routed transactions; in the other order a routed writer
+caught between the two would be cancelled by the deadlock detector (still nothing written in the wrong place).
+Reads (read_only=True) skip the row lock: a read that overlaps the flip reads the old copy as of the flip.
+
+The package, a part per concern: keys.py (keys and IDs to shards), mapcache.py (the map, its reads, LISTEN and
+polling), pools.py (the connection policy and pools), unit.py (the claimed unit of work and its retries),
+router.py (the Router that puts them together).
+"""
+from __future__ import annotations
+
+from .keys import ShardKey, hashed, modulo, shard_of_id
+from .mapcache import Route, RoutingMap, build_routes, read_catalogs
+from .router import APPLICATION_NAME, Router, locate
+from .unit import MOVE_SYMPTOMS, NOT_SERVED
+
+__all__ = [
+    "APPLICATION_NAME", "MOVE_SYMPTOMS", "NOT_SERVED", "Route", "Router", "RoutingMap", "ShardKey",
+    "build_routes", "hashed", "locate", "modulo", "read_catalogs", "shard_of_id",
+]

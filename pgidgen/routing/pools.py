@@ -1,0 +1,132 @@
+"""Connection policy and pools: one psycopg_pool per database on its app_dsn, lent out as autocommit
+connections (the unit of work opens and ends each transaction itself).
+
+The policy is chosen per database, so a user need not know what sits in between. `pooler = ...` in the config
+says it; otherwise one probe tells: a pooler such as PgBouncer gives the client a backend key of its own, so the
+pid libpq was told differs from the server's pg_backend_pid(). Through a transaction pooler (or an unknown
+pooler: the safe side) each transaction may run on another server connection, so the Router keeps no session
+state (search_path and read-only are set per transaction already) and psycopg prepares no statements on the
+server, unless the config says the pooler keeps them per client (prepared_statements = true)."""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ..config import Config, describe_dsn
+from ..db import CONNECT_TIMEOUT, pg_message
+from ..errors import DatabaseError, RoutingError
+from .claiming import ClaimingConnection
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the router talks to one database: pooler is 'transaction', 'session' or 'none'."""
+
+    pooler: str
+    prepare: bool
+
+    def connect_kwargs(self, application_name: str) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"autocommit": True, "application_name": application_name, "connect_timeout": CONNECT_TIMEOUT}
+        if not self.prepare:
+            kwargs["prepare_threshold"] = None
+        return kwargs
+
+
+def behind_pooler(conn: psycopg.Connection[Any]) -> bool:
+    """Whether conn reaches its server through a pooler: the backend pid libpq was given is not the server's."""
+    row = conn.execute("SELECT pg_catalog.pg_backend_pid()", prepare=False).fetchone()
+    return row is None or int(row[0]) != conn.info.backend_pid
+
+
+def policy_for(config: Config, name: str, application_name: str) -> Policy:
+    pooler = config.poolers.get(name)
+    if pooler is None:
+        try:
+            with psycopg.connect(config.app_dsn(name), autocommit=True, connect_timeout=CONNECT_TIMEOUT,
+                                 application_name=application_name) as conn:
+                pooler = "transaction" if behind_pooler(conn) else "none"  # its mode unknown: assume the strictest
+        except psycopg.Error:
+            pooler = "transaction"  # unreachable now: the pool reports it; safe settings meanwhile
+    prepare = pooler != "transaction" or name in config.pooler_prepares
+    return Policy(pooler=pooler, prepare=prepare)
+
+
+class Pools:
+    """The router's pools, opened on first use of each database."""
+
+    def __init__(self, config: Config, *, min_size: int, max_size: int, timeout: float, application_name: str) -> None:
+        self.config = config
+        self.min_size = min_size
+        self.max_size = max_size
+        self.timeout = timeout
+        self.application_name = application_name
+        self.policies: dict[str, Policy] = {}
+        self._lock = threading.Lock()
+        self._pools: dict[str, ConnectionPool] = {}
+        self._closed = False
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            pools, self._pools = list(self._pools.values()), {}
+        for p in pools:
+            p.close()
+
+    def policy(self, name: str) -> Policy:
+        p = self.policies.get(name)
+        if p is None:
+            p = self.policies[name] = policy_for(self.config, name, self.application_name)
+        return p
+
+    @contextmanager
+    def connection(self, name: str) -> Iterator[psycopg.Connection[Any]]:
+        pool = self._pools.get(name) or self._open(name)
+        try:
+            with pool.connection(timeout=self.timeout) as conn:
+                yield conn
+        except PoolTimeout:
+            raise DatabaseError(
+                f"no connection to database {name} ({describe_dsn(self.config.app_dsn(name))}) within {self.timeout:g}s",
+                hint="check that the server is running and accepts connections, or raise max_size",
+            ) from None
+
+    @contextmanager
+    def fresh(self, name: str) -> Iterator[psycopg.Connection[Any]]:
+        """A new connection with the pool's settings, closed at the end (for a database that did not answer)."""
+        dsn = self.config.app_dsn(name)
+        try:
+            conn = psycopg.connect(dsn, **self.policy(name).connect_kwargs(self.application_name))
+        except psycopg.Error as e:
+            raise DatabaseError(
+                f"cannot connect to database {name} ({describe_dsn(dsn)}): {pg_message(e)}",
+                hint="check that the server is running and the connection string in the config is right",
+            ) from None
+        with conn:
+            yield conn
+
+    def _open(self, name: str) -> ConnectionPool:
+        policy = self.policy(name)  # before the lock: it may connect
+        with self._lock:
+            if self._closed:
+                raise RoutingError("this Router is closed", hint="create a new one")
+            pool = self._pools.get(name)
+            if pool is None:
+                pool = ConnectionPool(
+                    self.config.app_dsn(name),
+                    min_size=self.min_size,
+                    max_size=self.max_size,
+                    kwargs=policy.connect_kwargs(self.application_name),
+                    name=f"pgidgen-{name}",
+                    connection_class=ClaimingConnection,
+                    open=True,
+                )
+                self._pools[name] = pool
+        return pool
+
+
+__all__ = ["Policy", "Pools", "behind_pooler", "policy_for"]

@@ -1,0 +1,170 @@
+"""Router: the facade an application holds. It puts together the map cache (mapcache.py), the pools
+(pools.py) and the claimed unit of work (unit.py)."""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Callable, Sequence, TypeVar
+
+import psycopg
+
+from ..config import Config, load_config
+from ..errors import InputError, RoutingError
+from .keys import ShardKey, modulo, shard_of_id
+from .mapcache import MapCache, Route, RoutingMap
+from .pools import Pools
+from .unit import Units
+
+T = TypeVar("T")
+APPLICATION_NAME = "pgidgen-router"
+
+
+class Router:
+    """Routes keys and IDs to shards and shards to databases, and hands out pooled connections there.
+
+    Thread-safe; one per process is plenty. `close()` (or `with Router(...) as router:`) stops the
+    listeners and closes the pools.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        shard_key: ShardKey = modulo,
+        search_path: Sequence[str] = ("public",),
+        min_size: int = 1,
+        max_size: int = 4,
+        pool_timeout: float = 10.0,
+        retry_for: float = 10.0,
+        listen: bool = True,
+        max_age: float | None = None,
+        application_name: str = APPLICATION_NAME,
+    ) -> None:
+        """search_path: schemas after the shard's own (extensions' types and functions; default public).
+        retry_for: how long Router.run keeps retrying a shard that is moving. listen: LISTEN pgidgen_map on
+        every database's direct connection so moves refresh the map at once (where that cannot be done, the map
+        versions are polled every second instead); max_age: poll them that often (seconds) anyway."""
+        config.select(None)  # no databases configured: say so now
+        self.config = config
+        self.layout = config.layout
+        self.shard_key = shard_key
+        self.stats = {"map_loads": 0, "moved": 0, "retries": 0}
+        self.pools = Pools(config, min_size=min_size, max_size=max_size, timeout=pool_timeout, application_name=application_name)
+        self.maps = MapCache(
+            config,
+            pooled=self.pools.connection,
+            fresh=self.pools.fresh,
+            listen=listen,
+            max_age=max_age,
+            application_name=application_name,
+            stats=self.stats,
+        )
+        self.units = Units(config, self.pools, self.maps, search_path=search_path, retry_for=retry_for, stats=self.stats)
+
+    @classmethod
+    def from_config(cls, path: str | None = None, **options: Any) -> Router:
+        """A router for pgidgen.toml (or PGIDGEN_CONFIG, or path)."""
+        return cls(load_config(path), **options)
+
+    def __enter__(self) -> Router:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.maps.close()
+        self.pools.close()
+
+    # -- the map -------------------------------------------------------------------------------------
+
+    def invalidate(self) -> None:
+        """Make the next routing call re-read the map (a listener calls this on NOTIFY pgidgen_map)."""
+        self.maps.invalidate()
+
+    def routing_map(self) -> RoutingMap:
+        """The current snapshot (re-read when a move announced itself, a route was stale, or max_age passed and
+        a database's map version moved)."""
+        return self.maps.get()
+
+    @property
+    def shard_count(self) -> int:
+        return self.maps.get().shard_count
+
+    def shard_for(self, key: Any) -> int:
+        """The shard a key belongs to: shard_key(key, shard_count), modulo by default."""
+        count = self.shard_count
+        shard = self.shard_key(key, count)
+        if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < count:
+            raise RoutingError(
+                f"shard_key({key!r}) returned {shard!r}, not a shard from 0 to {count - 1}",
+                hint="a shard_key function must return key's shard in range(shard_count)",
+            )
+        return shard
+
+    def shard_of(self, id_: int) -> int:
+        """The shard an ID was made on (its shard bits)."""
+        shard = shard_of_id(self.layout, id_)
+        if shard >= self.shard_count:
+            raise InputError(
+                f"ID {id_} names shard {shard}, but there are only {self.shard_count}",
+                hint="it was not made by this pgidgen installation (or the [layout] is wrong)",
+            )
+        return shard
+
+    def route(self, shard: int) -> Route:
+        """Where shard lives now, from the cached map."""
+        return self.maps.get().route(shard)
+
+    def database_for(self, shard: int) -> str:
+        """The configured name of the database serving shard (from the cached map)."""
+        return self.route(shard).database
+
+    # -- units of work -------------------------------------------------------------------------------
+
+    def transaction(self, shard: int, *, read_only: bool = False) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """A pooled connection to the database serving shard, inside a transaction that has claimed the
+        shard there (so no move can flip it until the transaction ends) and with search_path = shard_N,
+        public for this transaction only. Commits when the block ends, rolls back on an exception.
+
+        read_only: a READ ONLY transaction that checks the shard without locking its row (no transaction ID,
+        no WAL); a move under it shows as the renamed schema and is retried like any other.
+
+        Raises ShardMovedError (retryable; nothing was committed) when that database no longer serves the
+        shard; a `with` block cannot be re-run, so use Router.run for automatic retries.
+        """
+        return self.units.transaction(shard, read_only=read_only)
+
+    def run(self, shard: int, work: Callable[[psycopg.Connection[Any]], T], *, read_only: bool = False) -> T:
+        """work(conn) in Router.transaction(shard), run again on the shard's new database when a move flips
+        it (for up to retry_for seconds). work must be safe to run again: every failed attempt rolled back."""
+        return self.units.run(shard, work, read_only=read_only)
+
+    def run_for_key(self, key: Any, work: Callable[[psycopg.Connection[Any]], T], *, read_only: bool = False) -> T:
+        """Router.run on key's shard."""
+        return self.run(self.shard_for(key), work, read_only=read_only)
+
+    def run_for_id(self, id_: int, work: Callable[[psycopg.Connection[Any]], T], *, read_only: bool = False) -> T:
+        """Router.run on the shard inside the ID."""
+        return self.run(self.shard_of(id_), work, read_only=read_only)
+
+    def search_path_for(self, shard: int) -> str:
+        """The search_path value set for shard's transactions: its schema, then the extra ones (quoted)."""
+        return self.units.search_path_for(shard)
+
+    def _connection(self, name: str) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """A pooled connection to a database, outside any unit of work (tests, map reads)."""
+        return self.pools.connection(name)
+
+
+def locate(config: Config, *, keys: Sequence[int] = (), ids: Sequence[int] = (), shards: Sequence[int] = ()) -> list[dict[str, Any]]:
+    """Where keys, IDs and shards live: shard, database, schema, state (for `pgidgen locate`)."""
+    with Router(config, listen=False) as router:
+        out: list[dict[str, Any]] = []
+        for kind, values, to_shard in (("key", keys, router.shard_for), ("id", ids, router.shard_of), ("shard", shards, lambda s: s)):
+            for v in values:
+                route = router.route(to_shard(v))
+                out.append({kind: v, **route.as_dict()})
+        return out
+
+
+__all__ = ["APPLICATION_NAME", "Router", "locate"]

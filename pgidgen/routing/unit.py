@@ -1,0 +1,149 @@
+"""The unit of work: a transaction on the database the map names, which first claims the shard there
+(pgidgen.claim_shard; sent with the work's first statement: claiming.py) and sets its search_path; a failure a
+move explains becomes ShardMovedError, and `run` runs the work again where the shard lives now. The argument is
+in the package's docstring."""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.pq import TransactionStatus
+
+IDLE = TransactionStatus.IDLE
+
+from ..config import Config, describe_dsn
+from ..db import pg_message
+from ..errors import DatabaseError, PgidgenError, ShardMovedError, ShardUnavailableError
+from ..idgen import schema_name
+from .claiming import ClaimingConnection, claim_sql
+from .mapcache import SERVING, MapCache, Route
+from .pools import Pools
+
+T = TypeVar("T")
+#: Raised by pgidgen.claim_shard() when the database does not serve the shard.
+NOT_SERVED = "PGR01"
+#: Errors a move can cause in a routed transaction: the map is checked again before one is blamed on it.
+MOVE_SYMPTOMS = frozenset({NOT_SERVED, "3F000", "42P01", "42883", "25006", "40001", "40P01", "55P03", "57P01"})
+
+
+class Units:
+    """Claimed transactions and retries over a router's pools and map."""
+
+    def __init__(
+        self, config: Config, pools: Pools, maps: MapCache, *, search_path: Sequence[str], retry_for: float, stats: dict[str, int]
+    ) -> None:
+        self.config = config
+        self.pools = pools
+        self.maps = maps
+        self.search_path = tuple(search_path)
+        self.retry_for = retry_for
+        self.stats = stats
+        self._paths: dict[int, str] = {}
+        self._claims: dict[int, bytes] = {}
+
+    def search_path_for(self, shard: int) -> str:
+        path = self._paths.get(shard)
+        if path is None:
+            path = sql.SQL(", ").join(sql.Identifier(s) for s in (schema_name(shard), *self.search_path)).as_string(None)
+            self._paths[shard] = path
+        return path
+
+    @contextmanager
+    def transaction(self, shard: int, *, read_only: bool = False) -> Iterator[psycopg.Connection[Any]]:
+        route = self.maps.get().route(shard)
+        with self.pools.connection(route.database) as conn:
+            assert isinstance(conn, ClaimingConnection)
+            conn.begin_unit(self.claim_for(shard, read_only))
+            committing = False
+            try:
+                yield conn
+                if conn.end_unit() and conn.pgconn.transaction_status != IDLE:
+                    committing = True
+                    conn.commit()
+            except BaseException as e:
+                conn.end_unit()
+                if not conn.broken and conn.pgconn.transaction_status != IDLE:
+                    try:
+                        conn.rollback()
+                    except psycopg.Error:
+                        pass
+                if not isinstance(e, psycopg.Error):
+                    raise
+                if conn.broken and not committing:  # dropped by the server or a pooler: nothing was committed
+                    raise ShardUnavailableError(
+                        f"the connection to database {route.database} broke before the transaction committed: {pg_message(e)}",
+                        hint="nothing was written; Router.run retries with a new connection",
+                    ) from e
+                moved = self._diagnose(conn, route, e)
+                if moved is None:
+                    raise
+                raise moved from e
+
+    def claim_for(self, shard: int, read_only: bool) -> bytes:
+        key = -shard - 1 if read_only else shard
+        claim = self._claims.get(key)
+        if claim is None:
+            claim = self._claims[key] = claim_sql(shard, self.search_path_for(shard), read_only)
+        return claim
+
+    def run(self, shard: int, work: Callable[[psycopg.Connection[Any]], T], *, read_only: bool = False) -> T:
+        deadline = time.monotonic() + self.retry_for
+        delay = 0.005
+        while True:
+            try:
+                with self.transaction(shard, read_only=read_only) as conn:
+                    return work(conn)
+            except (ShardMovedError, ShardUnavailableError) as e:
+                stale = e.database if isinstance(e, ShardMovedError) else None
+                self.maps.invalidate()
+                if time.monotonic() >= deadline:
+                    raise
+                self.stats["retries"] += 1
+                try:
+                    again = self.maps.get().route(shard).database == stale
+                except ShardUnavailableError:
+                    again = True
+                if again:  # the map has not caught up with the move yet: wait for it
+                    time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                    delay = min(delay * 2, 0.25)
+
+    def _diagnose(self, conn: psycopg.Connection[Any], route: Route, e: psycopg.Error) -> PgidgenError | None:
+        """The error to raise instead of e, if e means the shard is not (or no longer) served there."""
+        state = getattr(e, "sqlstate", None)
+        where = f"{route.database}, {describe_dsn(self.config.app_dsn(route.database))}"
+        if state == "42883" and "claim_shard" in (getattr(e.diag, "message_primary", None) or ""):
+            return DatabaseError(
+                f"database {route.database} has a pgidgen catalog without pgidgen.claim_shard()",
+                where=where,
+                hint="upgrade it: run pgidgen's sql/catalog.sql there (idempotent)",
+            )
+        if state not in MOVE_SYMPTOMS:
+            return None
+        served = state != NOT_SERVED and self._still_serves(conn, route)
+        if served:
+            return None
+        self.maps.invalidate()
+        self.stats["moved"] += 1
+        return ShardMovedError(
+            f"database {route.database} no longer serves shard {route.shard}; nothing was written there",
+            shard=route.shard,
+            database=route.database,
+            where=where,
+            hint="the shard moved: Router.run retries on the database that serves it now",
+        )
+
+    def _still_serves(self, conn: psycopg.Connection[Any], route: Route) -> bool:
+        """The database's own row, read again after the failed transaction (not the cached map)."""
+        query = "SELECT state FROM pgidgen.shards WHERE shard = %s"
+        try:
+            if conn.broken or conn.closed:
+                with self.pools.fresh(route.database) as fresh:
+                    row = fresh.execute(query, (route.shard,)).fetchone()
+            else:
+                row = conn.execute(query, (route.shard,)).fetchone()
+        except (psycopg.Error, PgidgenError):
+            return True  # cannot tell: report the original error, not a move
+        return row is not None and row[0] in SERVING

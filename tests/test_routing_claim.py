@@ -1,0 +1,86 @@
+"""The claim travels with the unit of work's first statement (pgidgen/routing/claiming.py): counted in the
+protocol messages libpq sends, and checked on every other way a statement can start (COPY, a server-side cursor,
+a nested transaction, another cursor class), which must claim first too."""
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import psycopg
+import pytest
+from test_routing import count, hand_move, insert, router, sharded  # noqa: F401 - fixtures
+
+from pgidgen.config import Config
+from pgidgen.errors import ShardMovedError
+from pgidgen.routing import Router
+
+
+def round_trips(conn: psycopg.Connection[Any], work: Any) -> list[str]:
+    """The messages that each wait for the server (Query, Sync) that conn sends during work(), from libpq's trace."""
+    with tempfile.TemporaryFile("w+") as f:
+        conn.pgconn.trace(f.fileno())
+        conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+        try:
+            work()
+        finally:
+            conn.pgconn.untrace()
+        f.seek(0)
+        lines = [line.split("\t") for line in f.read().splitlines()]
+    return [" ".join(p[2:]).strip() for p in lines if len(p) > 2 and p[0] == "F" and p[2].split()[0] in ("Query", "Sync")]
+
+
+def test_a_single_statement_unit_is_two_round_trips(sharded: Config) -> None:
+    """BEGIN + claim + the statement in one pipeline, then COMMIT: two, where plain psycopg takes three."""
+    with Router(sharded, listen=False, min_size=1, max_size=1) as r:
+        with r._connection("db1") as conn:  # the pool's only connection
+            pass
+        trips = round_trips(conn, lambda: r.run(2, insert(2, "traced")))
+        assert [t.split()[0] for t in trips] == ["Sync", "Query"], trips
+        assert trips[1].endswith('"COMMIT"')
+        reads = round_trips(conn, lambda: r.run(2, lambda c: c.execute("SELECT count(*) FROM items").fetchone(), read_only=True))
+        assert [t.split()[0] for t in reads] == ["Sync", "Query"], reads
+    with psycopg.connect(sharded.dsn("db1")) as plain:
+        plain_trips = round_trips(plain, lambda: (plain.execute("INSERT INTO shard_2.items (k) VALUES (2)"), plain.commit()))
+    assert len(plain_trips) == 3 and plain_trips[0].endswith('"BEGIN"'), plain_trips
+    assert count(sharded.dsn("db1"), "shard_2") == 2
+
+
+@pytest.mark.parametrize("way", ["copy", "server cursor", "nested transaction", "client cursor", "executemany"])
+def test_every_way_a_statement_starts_claims_first(router: Router, sharded: Config, way: str) -> None:
+    with router.transaction(6) as conn:
+        if way == "copy":
+            with conn.cursor().copy("COPY items (k, note) FROM STDIN") as cp:
+                cp.write_row((6, way))
+        elif way == "server cursor":
+            with conn.cursor(name="c") as cur:
+                cur.execute("SELECT count(*) FROM items")
+                assert cur.fetchone() == (0,)
+            conn.execute("INSERT INTO items (k, note) VALUES (6, %s)", (way,))
+        elif way == "nested transaction":
+            with conn.transaction():
+                conn.execute("INSERT INTO items (k, note) VALUES (6, %s)", (way,))
+        elif way == "client cursor":
+            psycopg.ClientCursor(conn).execute("INSERT INTO items (k, note) VALUES (6, %s)", (way,))
+        else:
+            conn.cursor().executemany("INSERT INTO items (k, note) VALUES (6, %s)", [(way,)])
+        held = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'transactionid'"
+        ).fetchone()
+        assert held == (1,)  # one transaction, the claim's row lock in it
+        assert conn.execute("SHOW search_path").fetchone() == ('"shard_6", "public"',)
+    with psycopg.connect(sharded.dsn("db2")) as c:
+        assert c.execute("SELECT note FROM shard_6.items").fetchall() == [(way,)]
+
+
+def test_no_commit_inside_a_unit_and_a_failed_claim_runs_nothing(router: Router, sharded: Config) -> None:
+    with pytest.raises(psycopg.ProgrammingError, match="not allowed inside a Router unit of work"):
+        with router.transaction(1) as conn:
+            conn.execute("INSERT INTO items (k) VALUES (1)")
+            conn.commit()
+    assert count(sharded.dsn("db1"), "shard_1") == 0
+    router.route(3)
+    retired = hand_move(sharded, 3, "db1", "db3")
+    with pytest.raises(ShardMovedError):
+        with router.transaction(3) as conn:  # the stale route: the claim fails in the same pipeline as the INSERT
+            conn.execute("INSERT INTO items (k) VALUES (3)")
+    assert count(sharded.dsn("db1"), retired) == 0 and count(sharded.dsn("db3"), "shard_3") == 0

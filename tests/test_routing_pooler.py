@@ -1,0 +1,132 @@
+"""The Router behind a real PgBouncer (Debian's package), in transaction and in session mode, in front of real
+databases: a writer through the Router during a real move-shard sees no exception, and every acknowledged write
+is stored once, on the database that serves the shard. Skipped only when pgbouncer cannot be had (never under
+CI=true, where that fails)."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import psycopg
+import pytest
+
+from pgidgen import pgbouncer, sandbox
+from pgidgen.config import Config, load_config
+from pgidgen.init import init
+from pgidgen.move import move_shard
+from pgidgen.routing import Router
+
+SHARDS = 4  # db1: 0-1, db2: 2-3, db3: none (the target)
+
+
+@pytest.fixture
+def bouncer_root() -> Iterator[Path]:
+    if pgbouncer.find() is None:
+        if os.environ.get("CI"):
+            pytest.fail("pgbouncer is needed (apt-get install pgbouncer; make deps installs it)")
+        pytest.skip("pgbouncer is not installed and could not be (make deps installs it)")
+    root = sandbox.make_root()
+    yield root
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def sharded(config: Config) -> None:
+    assert all(o.ok for o in init(config, SHARDS, ["db1", "db2"]))
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("CREATE TABLE shard_1.t (id bigint PRIMARY KEY DEFAULT shard_1.next_id(), v int NOT NULL)")
+        c.execute("INSERT INTO shard_1.t (v) SELECT g FROM generate_series(1, 50) g")
+
+
+def app_config(tmp_path: Path, config: Config, bouncer: pgbouncer.Bouncer, pooler: str | None) -> Path:
+    """pgidgen.toml as an application deploys it: each database's direct DSN for pgidgen's commands, the pooler's
+    for the app; pooler = ... only when given (else the Router finds out)."""
+    lines = ["[databases]"]
+    for name, dsn in config.databases.items():
+        extra = f', pooler = "{pooler}"' if pooler else ""
+        lines.append(f'{name} = {{ admin_dsn = "{dsn}", app_dsn = "{bouncer.dsn(name)}"{extra} }}')
+    path = tmp_path / "app.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def write_during_a_move(router: Router, config: Config) -> tuple[list[int], list[BaseException]]:
+    ids: list[int] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                ids.append(router.run(1, lambda c: int(c.execute("INSERT INTO t (v) VALUES (%s) RETURNING id", (n,)).fetchone()[0])))
+            except BaseException as e:  # noqa: BLE001 - every exception the application would see
+                errors.append(e)
+            n += 1
+
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    try:
+        while len(ids) < 50 and th.is_alive():
+            time.sleep(0.01)
+        report = move_shard(config, 1, "db3")
+        n_at = len(ids)
+        while len(ids) < n_at + 50 and th.is_alive():
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        th.join(30)
+    assert report.status == "done" and report.verification is not None and report.verification.ok
+    return ids, errors
+
+
+@pytest.mark.parametrize("mode", ["transaction", "session"])
+def test_a_writer_through_pgbouncer_during_a_move_sees_nothing(mode: str, config: Config, bouncer_root: Path, tmp_path: Path) -> None:
+    sharded(config)
+    bouncer = pgbouncer.start(bouncer_root, config.databases, mode=mode)
+    try:
+        # transaction mode: the config does not say it, the Router finds the pooler; session mode: it says so
+        path = app_config(tmp_path, config, bouncer, None if mode == "transaction" else "session")
+        with Router.from_config(str(path)) as router:
+            router.run(1, lambda c: c.execute("SELECT 1"))
+            assert router.pools.policy("db1").pooler == mode
+            assert router.pools.policy("db1").prepare is (mode == "session")
+            assert router.maps._hearing == {"db1", "db2", "db3"}  # LISTEN on the direct connections
+            ids, errors = write_during_a_move(router, load_config(path))
+            assert router.database_for(1) == "db3"
+            assert router.stats["retries"] <= 3
+    finally:
+        bouncer.stop()
+    assert errors == [], [f"{type(e).__name__}: {e}" for e in errors]
+    with psycopg.connect(config.dsn("db3")) as c:
+        stored = [r[0] for r in c.execute("SELECT id FROM shard_1.t WHERE id = ANY(%s)", (ids,))]
+        total = c.execute("SELECT count(*) FROM shard_1.t").fetchone()[0]
+    assert len(ids) > 100 and len(set(ids)) == len(ids)  # nothing duplicated
+    assert sorted(stored) == sorted(ids) and total == 50 + len(ids)  # nothing lost, nothing else
+
+
+def test_only_the_poolers_dsn_configured(config: Config, bouncer_root: Path, tmp_path: Path) -> None:
+    """An app whose config names only PgBouncer's address (transaction mode): the Router finds the pooler, does not
+    LISTEN through it (the notifications would go to whichever client holds the server connection) and polls the
+    map versions instead; still nothing reaches the writer."""
+    sharded(config)
+    bouncer = pgbouncer.start(bouncer_root, config.databases, mode="transaction")
+    try:
+        path = tmp_path / "app.toml"
+        path.write_text("[databases]\n" + "".join(f'{n} = "{bouncer.dsn(n)}"\n' for n in config.databases), encoding="utf-8")
+        with Router.from_config(str(path)) as router:
+            assert router.database_for(1) == "db1"
+            assert router.maps._hearing == set() and router.pools.policy("db2").pooler == "transaction"
+            ids, errors = write_during_a_move(router, config)
+            time.sleep(1.5)  # one poll of the map versions
+            assert router.database_for(1) == "db3"
+    finally:
+        bouncer.stop()
+    assert errors == [], [f"{type(e).__name__}: {e}" for e in errors]
+    with psycopg.connect(config.dsn("db3")) as c:
+        assert sorted(r[0] for r in c.execute("SELECT id FROM shard_1.t WHERE id = ANY(%s)", (ids,))) == sorted(ids)
+    assert len(set(ids)) == len(ids) > 100
