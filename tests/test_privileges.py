@@ -22,6 +22,7 @@ from pgidgen import sandbox
 from pgidgen.cli import main
 from pgidgen.config import write_config
 from pgidgen.layout import Layout
+from pgidgen.routing import Router
 
 DDL = "CREATE TABLE t (id bigint PRIMARY KEY DEFAULT next_id(), v int NOT NULL);\n"
 
@@ -136,6 +137,12 @@ def test_a_least_privileged_role_inits_applies_ddl_and_moves(owner: Owner, tmp_p
         r, writer = _move_under_writer(o, 1, "db2", "--offline")
         _assert_moved(o, r, writer, 1, before, "db2")
     assert o.cli("status", "--drift").exit_code == 0
+    # the Router, as the same role: it reads the map (and LISTENs) on both databases, writes where the shard is now
+    with Router.from_config(str(o.path)) as router:
+        new_id = router.run(1, lambda c: c.execute("INSERT INTO shard_1.t (v) VALUES (-1) RETURNING id").fetchone()[0])
+        assert router.run_for_id(new_id, lambda c: c.execute("SELECT v FROM shard_1.t WHERE id = %s", (new_id,)).fetchone()[0],
+                                 read_only=True) == -1
+    assert new_id in _ids(o.dsns["db2"], 1)
     assert leftovers(o.dsns) == []
     o.assert_password_nowhere()
 
