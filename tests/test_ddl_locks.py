@@ -122,7 +122,7 @@ def test_the_line_a_terminal_shows(one_db: tuple[Config, Path], tmp_path: Path) 
 
 def test_a_terminal_is_told_before_the_work_starts(one_db: tuple[Config, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The one line goes to a terminal only (not with --json or into a pipe), and only for a database split up."""
-    from pgidgen.cli import _say_sizing
+    from pgidgen.cli_fleet import say_sizing
 
     config, _ = one_db
     init(config, SHARDS)
@@ -131,7 +131,7 @@ def test_a_terminal_is_told_before_the_work_starts(one_db: tuple[Config, Path], 
     seen: list[object] = []
     apply_ddl(config, read_file(ddl), on_plan=seen.append)
     (plan,) = seen
-    _say_sizing(plan, False)
+    say_sizing(plan, False)
     assert capsys.readouterr().err == ""
-    _say_sizing(plan, True)
+    say_sizing(plan, True)
     assert capsys.readouterr().err == plan.sizing["a"].describe("a") + "\n"  # type: ignore[attr-defined]
