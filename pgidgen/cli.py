@@ -237,42 +237,16 @@ def decode_cmd(
 
 
 def _map(ctx: click.Context, as_json: bool) -> None:
+    from .cli_fleet import print_map
     from .shardmap import read_map
 
     m = read_map(get_config(ctx))
     if as_json:
         click.echo(json.dumps(m.as_dict(), indent=2))
     else:
-        _print_map(m)
+        print_map(m)
     if not m.ok:
         ctx.exit(1)
-
-
-def _print_map(m: Any) -> None:
-    from .ranges import collapse
-
-    from .sizes import human
-
-    click.echo(f"shard count: {m.shard_count if m.shard_count is not None else 'not initialised'}")
-    for name, shards in m.databases.items():
-        line = f"{name}: {len(shards)} shards {collapse(shards) or '-'}" + (f", {human(m.bytes[name])}" if shards and name in m.bytes else "")
-        if m.retired.get(name):
-            line += f" (retired copies: {collapse(m.retired[name])}, {human(m.retired_bytes.get(name, 0))})"
-        click.echo(line)
-    copies = sum(len(v) for v in m.retired.values())
-    if copies:
-        click.echo(f"retired copies: {copies}, {human(sum(m.retired_bytes.values()))} (what moves left on their sources: 'pgidgen cleanup"
-                   " [--older-than 2d]' drops them)")
-    for name, err in m.unreachable.items():
-        click.echo(f"{name}: {'CANNOT READ' if ' failed while ' in err else 'UNREACHABLE'}: {err}")  # reached, but refused (rights)
-    for p in m.problems:
-        click.echo(f"PROBLEM: {p}")
-    for shard, ends in sorted(m.moving.items()):
-        click.echo(f"MOVING: shard {shard} from {ends['from'] or '?'} to {ends['to'] or '?'} (a move running, or interrupted:"
-                   f" 'pgidgen move-shard {shard} --resume', or '--rollback' if it has not activated the target; an online"
-                   " move's replication slot keeps WAL on the source until teardown)")
-    if m.ok:
-        click.echo("ok: every shard is in exactly one database")
 
 
 @main.command("map")
@@ -292,6 +266,7 @@ def status_cmd(ctx: click.Context, as_json: bool, drift: bool) -> None:
     if not drift:
         _map(ctx, as_json)
         return
+    from .cli_fleet import print_map
     from .ddl.drift import read_drift
     from .shardmap import read_map
 
@@ -300,7 +275,7 @@ def status_cmd(ctx: click.Context, as_json: bool, drift: bool) -> None:
     if as_json:
         click.echo(json.dumps({**m.as_dict(), "drift": d.as_dict()}, indent=2))
     else:
-        _print_map(m)
+        print_map(m)
         for p in d.problems:
             click.echo(f"DRIFT: {p}")
         if not d.problems and not d.unreachable:
@@ -334,6 +309,7 @@ def apply_ddl_cmd(
     as_json: bool,
 ) -> None:
     """Apply a DDL file written once, unqualified, to every shard; record it in the ledger."""
+    from .cli_fleet import say_sizing
     from .ddl.apply import apply_ddl, offline_plan, read_file, render_apply
 
     config = get_config(ctx)
@@ -354,20 +330,13 @@ def apply_ddl_cmd(
             reapply_changed=reapply_changed,
             commit_every=commit_every,
             progress=bar.advance,
-            on_plan=lambda p: (_say_sizing(p, bar.enabled), bar.start(p.total)),
+            on_plan=lambda p: (say_sizing(p, bar.enabled), bar.start(p.total)),
         )
     finally:
         bar.close()
     report(result.outcomes, as_json)
     if not as_json and not result.changed:
         click.echo(f"nothing to do: every shard already has {parsed.name} (#{result.plan.version.position}, sha256 {parsed.sha256[:12]})")
-
-
-def _say_sizing(plan: Any, enabled: bool) -> None:
-    """On a terminal, one line per database split into several transactions, before the work starts."""
-    for name, sizing in plan.sizing.items():
-        if enabled and sizing.transactions > 1 and not sizing.chosen:
-            click.echo(sizing.describe(name), err=True)
 
 
 # -- sandbox -------------------------------------------------------------------------------------------
@@ -583,7 +552,7 @@ def move_shard_cmd(ctx: click.Context, shard: int, target: str | None, max_pause
 @click.pass_context
 def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_pause: str, offline: bool, by: str, drop_source: bool,
                   dry_run: bool, as_json: bool) -> None:
-    """Move shards so every database holds an even share (e.g. after adding one), several moves at once."""
+    """Move shards so every database holds an even share of bytes (or of shards), several moves at once."""
     from . import move
     from .move.rebalance import plan_rebalance, rebalance
 

@@ -118,3 +118,20 @@ def test_the_line_a_terminal_shows(one_db: tuple[Config, Path], tmp_path: Path) 
         f"a: {SHARDS} shards in {sizing.transactions} transactions of up to {sizing.per_tx}: ~{sizing.locks_per_shard} locks per shard"
         " and the server's lock table holds 200 (max_locks_per_transaction x connections); each commits with its ledger rows,"
         " so an interrupted run resumes where it stopped")
+
+
+def test_a_terminal_is_told_before_the_work_starts(one_db: tuple[Config, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The one line goes to a terminal only (not with --json or into a pipe), and only for a database split up."""
+    from pgidgen.cli_fleet import say_sizing
+
+    config, _ = one_db
+    init(config, SHARDS)
+    ddl = tmp_path / "schema.sql"
+    ddl.write_text(SCHEMA)
+    seen: list[object] = []
+    apply_ddl(config, read_file(ddl), on_plan=seen.append)
+    (plan,) = seen
+    say_sizing(plan, False)
+    assert capsys.readouterr().err == ""
+    say_sizing(plan, True)
+    assert capsys.readouterr().err == plan.sizing["a"].describe("a") + "\n"  # type: ignore[attr-defined]

@@ -1,10 +1,12 @@
 """The size-aware plan of `pgidgen rebalance --by size`: even out the bytes on disk, not the number of shards.
 
 A shard weighs its tables and indexes on disk (sizes.py) plus FLOOR, so empty shards still spread. Greedy, one
-move at a time: from the heaviest database to the lightest one it may give to, the shard whose weight is closest
-to half the difference between them (it closes the gap most), among those lighter than the difference (moving
-it makes the pair more even, never less); ties go to the highest-numbered shard, so equal shards move as the
-count plan moves them. Each shard moves at most once per plan; pinned shards (mid-move) stay; a shard never goes
+move at a time, from the heaviest database to the lightest one it may give to, among the shards lighter than the
+difference between them (moving one makes the pair more even, never less): while every such shard is small
+beside the difference (under a quarter of it), the highest-numbered one no heavier than half of it, so what stays
+keeps its contiguous ranges and equal shards move as the count plan moves them; otherwise the shard whose
+weight is closest to half the difference (it closes the gap most: a hot shard moves alone rather than a crowd of
+small ones). Each shard moves at most once per plan; pinned shards (mid-move) stay; a shard never goes
 to a database that still holds its retired copy. It stops when every pair is within TOLERANCE of the average load
 or no move would narrow a gap.
 """
@@ -39,6 +41,14 @@ def _closest(items: list[tuple[int, int]], gap: int, skip: set[int]) -> tuple[in
     return below
 
 
+def _pick(items: list[tuple[int, int]], by_number: list[int], weight: dict[int, int], gap: int, skip: set[int]) -> tuple[int, int] | None:
+    best = _closest(items, gap, skip)
+    if best is None or 4 * best[0] >= gap:
+        return best
+    s = next((s for s in by_number if 2 * weight[s] <= gap and s not in skip), None)
+    return best if s is None else (weight[s], s)
+
+
 def spread_bytes(
     names: Sequence[str], held: dict[str, list[int]], sizes: dict[int, int], *, fixed: set[int], retired: dict[str, set[int]],
 ) -> tuple[list[tuple[int, str, str]], dict[int, str]]:
@@ -48,6 +58,7 @@ def spread_bytes(
     weight = {s: sizes.get(s, 0) + FLOOR for shards in held.values() for s in shards}
     load = {n: sum(weight[s] for s in held[n]) for n in names}
     movable = {n: sorted((weight[s], s) for s in held[n] if s not in fixed) for n in names}
+    by_number = {n: sorted((s for s in held[n] if s not in fixed), reverse=True) for n in names}
     tol = max(FLOOR, int(sum(load.values()) / max(1, len(names)) * TOLERANCE))
     moves: list[tuple[int, str, str]] = []
     while True:
@@ -57,7 +68,7 @@ def spread_bytes(
                 gap = load[d] - load[r]
                 if gap <= tol:
                     break
-                pick = _closest(movable[d], gap, retired.get(r, set()))
+                pick = _pick(movable[d], by_number[d], weight, gap, retired.get(r, set()))
                 if pick is not None:
                     taken = (pick, d, r)
                     break
@@ -67,6 +78,7 @@ def spread_bytes(
             break
         (w, s), d, r = taken
         movable[d].remove((w, s))
+        by_number[d].remove(s)
         load[d] -= w
         load[r] += w
         moves.append((s, d, r))
