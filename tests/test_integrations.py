@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +40,13 @@ def move(config: Config) -> None:
     assert report.status == "done" and report.verification is not None and report.verification.ok
 
 
-def assert_all_there(config: Config, ids: list[int], errors: list[str]) -> None:
+def assert_all_there(config: Config, ids: list[int], errors: list[str], *, before: int = 50) -> None:
     assert errors == []
     with psycopg.connect(config.dsn("db3")) as c:
         stored = [r[0] for r in c.execute("SELECT id FROM shard_1.t WHERE id = ANY(%s)", (ids,))]
         total = c.execute("SELECT count(*) FROM shard_1.t").fetchone()[0]
     assert len(ids) >= 100 and len(set(ids)) == len(ids)  # nothing duplicated
-    assert sorted(stored) == sorted(ids) and total == 50 + len(ids)  # nothing lost, nothing else
+    assert sorted(stored) == sorted(ids) and total == before + len(ids)  # nothing lost, nothing else
 
 
 def test_django_writer_during_a_move(sharded: Config, config_file: Path) -> None:
@@ -68,3 +70,103 @@ def test_django_writer_during_a_move(sharded: Config, config_file: Path) -> None
     result: dict[str, Any] = json.loads(out)
     assert result["database"] == "db3"
     assert_all_there(sharded, result["ids"], result["errors"])
+
+
+# -- SQLAlchemy -------------------------------------------------------------------------------------------
+
+sqlalchemy = pytest.importorskip("sqlalchemy")
+from sqlalchemy import BigInteger, Integer, func, select, text  # noqa: E402
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column  # noqa: E402
+
+from pgidgen.errors import RoutingError, ShardMovedError  # noqa: E402
+from pgidgen.integrations.sqlalchemy import Sharding  # noqa: E402
+from pgidgen.routing import Router  # noqa: E402
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Row(Base):
+    __tablename__ = "t"  # unqualified: schema_translate_map names the shard's schema
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, server_default=text("next_id()"))
+    v: Mapped[int] = mapped_column(Integer)
+
+
+def add(v: int) -> Any:
+    def work(session: Any) -> int:
+        row = Row(v=v)
+        session.add(row)
+        session.flush()  # INSERT ... RETURNING id: shard_N.next_id() made it
+        return row.id
+
+    return work
+
+
+def test_sqlalchemy_session_routes_by_id_and_shard(sharded: Config) -> None:
+    with Router(sharded, listen=False) as router:
+        sharding = Sharding(router)
+        try:
+            first = sharding.run(SHARD, add(-1))
+            assert router.shard_of(first) == SHARD
+            with sharding.session(0) as session:  # another shard's session: a get by ID goes to the ID's shard
+                assert session.get(Row, first).v == -1
+                assert session.scalar(select(func.count()).select_from(Row)) == 0  # an unnamed query: its own shard
+                assert session.execute(text("SELECT count(*) FROM t")).scalar() == 0  # text(): search_path
+                session.rollback()
+            with sharding.session() as session:
+                session.add(Row(v=-2))
+                with pytest.raises(RoutingError, match="no shard for objects without an ID"):
+                    session.flush()
+            assert sharding.run(SHARD, lambda s: s.scalar(select(func.count()).select_from(Row)), read_only=True) == 51
+        finally:
+            sharding.dispose()
+
+
+def test_sqlalchemy_writer_during_a_move(sharded: Config) -> None:
+    ids: list[int] = []
+    errors: list[str] = []
+    stop = threading.Event()
+    with Router(sharded) as router, Router(sharded, listen=False) as stale_router:
+        sharding = Sharding(router)
+        stale = Sharding(stale_router, pool_size=1)
+        before = stale.session(SHARD)  # a long-lived session, whose router learns of the move only from PGR01
+        with before.begin():
+            before.add(Row(v=-1))
+
+        def writer() -> None:
+            n = 0
+            while not stop.is_set():
+                try:
+                    ids.append(sharding.run(SHARD, add(n)))
+                except BaseException as e:  # noqa: BLE001 - every exception the application would see
+                    errors.append(f"{type(e).__name__}: {e}")
+                n += 1
+
+        th = threading.Thread(target=writer, daemon=True)
+        th.start()
+        try:
+            while len(ids) < 50 and th.is_alive():
+                time.sleep(0.01)
+            move(sharded)
+            n_at = len(ids)
+            while len(ids) < n_at + 50 and th.is_alive():
+                time.sleep(0.01)
+        finally:
+            stop.set()
+            th.join(30)
+            sharding.dispose()
+        assert router.database_for(SHARD) == "db3"
+        with pytest.raises(ShardMovedError, match="database db1 no longer serves shard 1"), before.begin():
+            before.add(Row(v=-2))
+            before.flush()
+        with before.begin():  # the next transaction binds from the map read again
+            row = Row(v=-3)
+            before.add(row)
+        before.close()
+        stale.dispose()
+    ids_all = [*ids, row.id]
+    with psycopg.connect(sharded.dsn("db3")) as c:
+        assert c.execute("SELECT v FROM shard_1.t WHERE id = %s", (row.id,)).fetchone() == (-3,)
+        assert c.execute("SELECT count(*) FROM shard_1.t WHERE v IN (-1, -2)").fetchone() == (1,)  # -2 rolled back
+    assert_all_there(sharded, ids_all, errors, before=51)
