@@ -9,16 +9,18 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psycopg
 import pytest
 
-from pgidgen.config import Config
+from pgidgen import pgbouncer
+from pgidgen.config import Config, load_config
 from pgidgen.init import init
 from pgidgen.move import move_shard
 
 from moveshards import quick_subscription_start  # noqa: F401 - a fixture: moves on PostgreSQL 15
+from test_routing_pooler import app_config, bouncer_root  # noqa: F401 - bouncer_root is a fixture
 
 SHARDS = 4  # db1: 0-1, db2: 2-3, db3: none (the target)
 SHARD = 1
@@ -49,8 +51,13 @@ def assert_all_there(config: Config, ids: list[int], errors: list[str], *, befor
     assert sorted(stored) == sorted(ids) and total == before + len(ids)  # nothing lost, nothing else
 
 
-def test_django_writer_during_a_move(sharded: Config, config_file: Path) -> None:
+@pytest.mark.parametrize("through", ["direct", "pgbouncer"])
+def test_django_writer_during_a_move(through: str, sharded: Config, config_file: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     pytest.importorskip("django")
+    bouncer = None
+    if through == "pgbouncer":  # the app's DSNs through PgBouncer in transaction mode (its mode not said)
+        bouncer = pgbouncer.start(request.getfixturevalue("bouncer_root"), sharded.databases, mode="transaction")
+        config_file = app_config(tmp_path, sharded, bouncer, None)
     env = {**os.environ, "PGIDGEN_CONFIG": str(config_file)}
     app = subprocess.Popen([sys.executable, str(HERE / "django_app.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, env=env)
@@ -58,7 +65,7 @@ def test_django_writer_during_a_move(sharded: Config, config_file: Path) -> None
         assert app.stdout is not None and app.stdin is not None
         line = app.stdout.readline()
         assert line == "ready\n", line + (app.stderr.read() if app.stderr else "")
-        move(sharded)
+        move(load_config(config_file))
         app.stdin.write("moved\n")
         app.stdin.flush()
         out, err = app.communicate(timeout=120)
@@ -66,6 +73,8 @@ def test_django_writer_during_a_move(sharded: Config, config_file: Path) -> None
         if app.poll() is None:
             app.kill()
             app.wait()
+        if bouncer is not None:
+            bouncer.stop()
     assert app.returncode == 0, err
     result: dict[str, Any] = json.loads(out)
     assert result["database"] == "db3"
@@ -123,38 +132,47 @@ def test_sqlalchemy_session_routes_by_id_and_shard(sharded: Config) -> None:
             sharding.dispose()
 
 
-def test_sqlalchemy_writer_during_a_move(sharded: Config) -> None:
+def writes_during_a_move(config: Config, write: Callable[[int], int]) -> tuple[list[int], list[str]]:
+    """write(n) in a loop in a thread, 50 writes before move-shard moves SHARD to db3 and 50 after it finished;
+    the IDs written and every exception the loop saw."""
     ids: list[int] = []
     errors: list[str] = []
     stop = threading.Event()
+
+    def loop() -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                ids.append(write(n))
+            except BaseException as e:  # noqa: BLE001 - every exception the application would see
+                errors.append(f"{type(e).__name__}: {e}")
+            n += 1
+
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    try:
+        while len(ids) < 50 and th.is_alive():
+            time.sleep(0.01)
+        move(config)
+        n_at = len(ids)
+        while len(ids) < n_at + 50 and th.is_alive():
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        th.join(30)
+    return ids, errors
+
+
+def test_sqlalchemy_writer_during_a_move(sharded: Config) -> None:
     with Router(sharded) as router, Router(sharded, listen=False) as stale_router:
         sharding = Sharding(router)
         stale = Sharding(stale_router, pool_size=1)
         before = stale.session(SHARD)  # a long-lived session, whose router learns of the move only from PGR01
         with before.begin():
             before.add(Row(v=-1))
-
-        def writer() -> None:
-            n = 0
-            while not stop.is_set():
-                try:
-                    ids.append(sharding.run(SHARD, add(n)))
-                except BaseException as e:  # noqa: BLE001 - every exception the application would see
-                    errors.append(f"{type(e).__name__}: {e}")
-                n += 1
-
-        th = threading.Thread(target=writer, daemon=True)
-        th.start()
         try:
-            while len(ids) < 50 and th.is_alive():
-                time.sleep(0.01)
-            move(sharded)
-            n_at = len(ids)
-            while len(ids) < n_at + 50 and th.is_alive():
-                time.sleep(0.01)
+            ids, errors = writes_during_a_move(sharded, lambda n: sharding.run(SHARD, add(n)))
         finally:
-            stop.set()
-            th.join(30)
             sharding.dispose()
         assert router.database_for(SHARD) == "db3"
         with pytest.raises(ShardMovedError, match="database db1 no longer serves shard 1"), before.begin():
@@ -170,3 +188,19 @@ def test_sqlalchemy_writer_during_a_move(sharded: Config) -> None:
         assert c.execute("SELECT v FROM shard_1.t WHERE id = %s", (row.id,)).fetchone() == (-3,)
         assert c.execute("SELECT count(*) FROM shard_1.t WHERE v IN (-1, -2)").fetchone() == (1,)  # -2 rolled back
     assert_all_there(sharded, ids_all, errors, before=51)
+
+
+def test_sqlalchemy_writer_through_pgbouncer_during_a_move(sharded: Config, bouncer_root: Path, tmp_path: Path) -> None:
+    bouncer = pgbouncer.start(bouncer_root, sharded.databases, mode="transaction")
+    try:
+        path = app_config(tmp_path, sharded, bouncer, None)  # app_dsn through PgBouncer, its mode not said
+        with Router.from_config(str(path)) as router:
+            sharding = Sharding(router)
+            try:
+                ids, errors = writes_during_a_move(load_config(path), lambda n: sharding.run(SHARD, add(n)))
+            finally:
+                sharding.dispose()
+            assert router.database_for(SHARD) == "db3"
+    finally:
+        bouncer.stop()
+    assert_all_there(sharded, ids, errors)

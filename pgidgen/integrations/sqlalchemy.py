@@ -33,12 +33,14 @@ DATABASE_OPTION = "pgidgen_database"
 
 def create_engines(config: Config, **engine_options: Any) -> dict[str, Engine]:
     """An engine per database of pgidgen.toml, on the DSN applications use (app_dsn: through a pooler when one is
-    configured). Through a pooler psycopg prepares nothing on the server (transaction poolers hand each
-    transaction another server connection)."""
+    configured). Through a transaction pooler (or one the config does not name: the safe side) psycopg prepares
+    nothing on the server, as the next transaction may run on another server connection, unless the config says
+    the pooler keeps prepared statements per client."""
     engines = {}
     for name in config.databases:
         dsn = config.app_dsn(name)
-        prepare = {} if name not in config.app_dsns else {"prepare_threshold": None}
+        pooler = config.poolers.get(name, "transaction" if name in config.app_dsns else "none")
+        prepare = {} if pooler != "transaction" or name in config.pooler_prepares else {"prepare_threshold": None}
         engines[name] = create_engine(
             "postgresql+psycopg://", creator=lambda dsn=dsn, prepare=prepare: psycopg.connect(dsn, **prepare), **engine_options
         )
