@@ -190,10 +190,11 @@ def test_sqlalchemy_writer_during_a_move(sharded: Config) -> None:
     assert_all_there(sharded, ids_all, errors, before=51)
 
 
-def test_sqlalchemy_writer_through_pgbouncer_during_a_move(sharded: Config, bouncer_root: Path, tmp_path: Path) -> None:
-    bouncer = pgbouncer.start(bouncer_root, sharded.databases, mode="transaction")
+@pytest.mark.parametrize("mode", ["transaction", "session"])
+def test_sqlalchemy_writer_through_pgbouncer_during_a_move(mode: str, sharded: Config, bouncer_root: Path, tmp_path: Path) -> None:
+    bouncer = pgbouncer.start(bouncer_root, sharded.databases, mode=mode)
     try:
-        path = app_config(tmp_path, sharded, bouncer, None)  # app_dsn through PgBouncer, its mode not said
+        path = app_config(tmp_path, sharded, bouncer, None if mode == "transaction" else mode)  # the mode said or not
         with Router.from_config(str(path)) as router:
             sharding = Sharding(router)
             try:
