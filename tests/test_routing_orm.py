@@ -1,4 +1,5 @@
-"""docs/orm.md's snippets, executed as written against real servers (SQLAlchemy and Django), also across a move."""
+"""docs/orm.md's snippets (the shipped integrations and the mechanism), executed as written against real servers
+(SQLAlchemy and Django), also across a move."""
 from __future__ import annotations
 
 import re
@@ -82,16 +83,58 @@ def test_sqlalchemy_snippets(tables: Config) -> None:
             engine.dispose()
 
 
+def shipped(heading: str) -> list[str]:
+    """The ```python blocks of one `### heading` of docs/orm.md's shipped integrations."""
+    text = DOC.read_text(encoding="utf-8").split("\n## The shipped integrations", 1)[1].split("\n## ", 1)[0]
+    section = text.split(f"\n### {heading}", 1)[1].split("\n### ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def test_shipped_sqlalchemy_snippet(tables: Config) -> None:
+    model = doc_module("orm_doc_shipped_model")
+    run(snippets("SQLAlchemy")[0], model)  # the Photo model
+    model["router"].close()
+    (block,) = shipped("SQLAlchemy")
+    ns = doc_module("orm_doc_shipped")
+    ns["Photo"] = model["Photo"]
+    try:
+        run(block, ns)
+        shard = USER % SHARDS
+        photo_id = ns["add_photo"](USER, "shipped")
+        assert rows_on(tables, "db2", f"shard_{shard}") == [(photo_id, "shipped")]
+        assert ns["get_photo"](photo_id).caption == "shipped"
+        retired = hand_move(tables, shard, "db2", "db3", ddl=photos.SCHEMA_FILE.read_text(), tables=("photos", "likes"))
+        moved_id = ns["add_photo"](USER, "after the move")
+        assert rows_on(tables, "db3", f"shard_{shard}") == [(photo_id, "shipped"), (moved_id, "after the move")]
+        assert len(rows_on(tables, "db2", retired)) == 1
+        assert ns["get_photo"](moved_id).caption == "after the move"
+    finally:
+        if "sharding" in ns:
+            ns["sharding"].dispose()
+        if "router" in ns:
+            ns["router"].close()
+        for engine in model["engines"].values():
+            engine.dispose()
+
+
 def test_django_snippets(tables: Config) -> None:
     django = pytest.importorskip("django")
     from django.conf import settings
     from django.db import connections
 
+    from pgidgen.integrations.django import get_router, use_router
+
     blocks = snippets("Django")
     assert len(blocks) == 3
     ns = doc_module("orm_doc_django")
     run(blocks[0], ns)
-    settings.configure(DATABASES=ns["DATABASES"], INSTALLED_APPS=[], USE_TZ=True)
+    shipped_settings, shipped_usage = shipped("Django")
+    conf = doc_module("orm_doc_django_settings")
+    run(shipped_settings, conf)
+    keys = ("NAME", "USER", "HOST", "PORT")
+    assert {a: [d.get(k) for k in keys] for a, d in conf["DATABASES"].items()} == {a: [d[k] for k in keys] for a, d in ns["DATABASES"].items()}
+    settings.configure(DATABASES=conf["DATABASES"], DATABASE_ROUTERS=conf["DATABASE_ROUTERS"],
+                       PGIDGEN_SHARDED_APPS=conf["PGIDGEN_SHARDED_APPS"], INSTALLED_APPS=[], USE_TZ=True)
     django.setup()
     try:
         for block in blocks[1:]:
@@ -116,7 +159,16 @@ def test_django_snippets(tables: Config) -> None:
         assert rows_on(tables, "db1", f"shard_{shard}")[-1] == (moved_id, "after the move")
         assert len(rows_on(tables, "db2", retired)) == 2  # "sunset" and "outer"
         assert ns["get_photo"](moved_id).caption == "after the move"
+        # the shipped integration, on the same model: routed by ShardRouter inside run_on_shard's block
+        app = doc_module("orm_doc_django_shipped")
+        app["Photo"] = ns["Photo"]
+        run(shipped_usage, app)
+        shipped_id = app["add_photo"](USER, "shipped")
+        assert rows_on(tables, "db1", f"shard_{shard}")[-1] == (shipped_id, "shipped")
+        assert app["get_photo"](shipped_id).caption == "shipped"
     finally:
         if "router" in ns:
             ns["router"].close()
+        get_router().close()
+        use_router(None)
         connections.close_all()

@@ -38,3 +38,10 @@ def test_wheel_works_from_any_directory(tmp_path: Path, fresh_dsns: dict[str, st
         cwd=elsewhere, env=env, capture_output=True, text=True, check=True,
     )
     assert str(venv) in probe.stdout and "_data" in probe.stdout
+    # the ORM integrations ship in the package, and import from it
+    probe = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import pgidgen.integrations.django as d, pgidgen.integrations.sqlalchemy as s; print(d.__file__, s.__file__)"],
+        cwd=elsewhere, env=env, capture_output=True, text=True,
+    )
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.count(str(venv)) == 2

@@ -1,0 +1,181 @@
+"""Django: one database alias per pgidgen database (`databases()` builds DATABASES from pgidgen.toml), a unit of
+work per shard (`shard_atomic`, `run_on_shard`) and a router for DATABASE_ROUTERS that sends the sharded models'
+queries to the shard block they run in.
+
+    # settings.py
+    from pgidgen.integrations.django import databases
+    DATABASES = databases()                     # pgidgen.toml, or PGIDGEN_CONFIG
+    DATABASE_ROUTERS = ["pgidgen.integrations.django.ShardRouter"]
+    PGIDGEN_SHARDED_APPS = ["photos"]           # their tables live in every shard_N schema
+
+    # anywhere
+    photo = run_on_shard(shard_for(user_id), lambda: Photo.objects.create(user_id=user_id))
+
+A query on a sharded model outside a shard block is refused: it would run without the claim that keeps it off a
+database the shard has left, and without the shard's schema on search_path."""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, TypeVar
+
+import psycopg
+from django.conf import settings
+from django.db import DatabaseError, connections, transaction
+
+from ..config import Config, load_config
+from ..errors import RoutingError
+from ..routing import Router
+from .retrying import moved_error, retry
+
+T = TypeVar("T")
+#: The shard blocks open in this thread or task, innermost last: (shard, alias).
+_blocks: ContextVar[tuple[tuple[int, str], ...]] = ContextVar("pgidgen_shard_blocks", default=())
+_router: Router | None = None
+_lock = threading.Lock()
+_DSN_KEYS = {"dbname": "NAME", "user": "USER", "password": "PASSWORD", "host": "HOST", "port": "PORT"}
+
+
+def databases(config: Config | None = None, *, default: str | None = None, conn_max_age: int = 60) -> dict[str, dict[str, Any]]:
+    """Django's DATABASES: an alias per database of pgidgen.toml, under the same name, with the DSN applications
+    use (app_dsn: through a pooler when one is configured), and "default" (a copy of the database named default,
+    else of the first). Persistent connections are fine: a shard block sets search_path for its transaction only."""
+    config = config or load_config()
+    out: dict[str, dict[str, Any]] = {}
+    for name in config.databases:
+        params = psycopg.conninfo.conninfo_to_dict(config.app_dsn(name))
+        out[name] = {
+            "ENGINE": "django.db.backends.postgresql",
+            **{_DSN_KEYS[k]: str(v) for k, v in params.items() if k in _DSN_KEYS},
+            "OPTIONS": {k: v for k, v in params.items() if k not in _DSN_KEYS},
+            "CONN_MAX_AGE": conn_max_age,
+        }
+    if "default" not in out:
+        out["default"] = dict(out[default or config.select(None)[0]])
+    return out
+
+
+def get_router() -> Router:
+    """The process's Router (its map only: Django keeps the connections), from settings.PGIDGEN_CONFIG or
+    pgidgen.toml on first use; use_router() installs another."""
+    global _router
+    with _lock:
+        if _router is None:
+            _router = Router.from_config(getattr(settings, "PGIDGEN_CONFIG", None), min_size=0, max_size=2)
+        return _router
+
+
+def use_router(router: Router | None) -> None:
+    global _router
+    with _lock:
+        _router = router
+
+
+@contextmanager
+def shard_atomic(shard: int, *, read_only: bool = False) -> Iterator[str]:
+    """transaction.atomic on the database serving shard (yields its alias), the shard claimed there and its schema
+    first on search_path. Raises ShardMovedError (nothing was written) when that database no longer serves the
+    shard: a `with` block cannot be run again, run_on_shard can. read_only: claim without locking the shard's row."""
+    router = get_router()
+    alias = router.database_for(shard)
+    nested = any(a == alias for _, a in _blocks.get())
+    try:
+        with transaction.atomic(using=alias):
+            with connections[alias].cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_catalog.current_setting('search_path'), pgidgen.claim_shard(%s, %s),"
+                    " pg_catalog.set_config('search_path', %s, true)",
+                    [shard, not read_only, router.search_path_for(shard)],
+                )
+                outer = cursor.fetchone()[0]
+            token = _blocks.set((*_blocks.get(), (shard, alias)))
+            try:
+                yield alias
+            finally:
+                _blocks.reset(token)
+            if nested:  # a savepoint's release keeps set_config: give the enclosing block its search_path back
+                with connections[alias].cursor() as cursor:
+                    cursor.execute("SELECT pg_catalog.set_config('search_path', %s, true)", [outer])
+    except DatabaseError as e:
+        moved = moved_error(router, shard, alias, e)
+        if moved is None:
+            raise
+        raise moved from e
+
+
+def run_on_shard(shard: int, work: Callable[[], T], *, read_only: bool = False, retry_for: float = 10.0) -> T:
+    """work() in shard_atomic(shard), run again on the shard's new database when a move flips it (for up to
+    retry_for seconds). work must be safe to run again: every failed attempt rolled back."""
+
+    def attempt() -> T:
+        with shard_atomic(shard, read_only=read_only):
+            return work()
+
+    return retry(get_router(), shard, attempt, retry_for=retry_for)
+
+
+def current_shard() -> int | None:
+    """The shard of the innermost shard block, if any."""
+    blocks = _blocks.get()
+    return blocks[-1][0] if blocks else None
+
+
+def sharded(model: Any) -> bool:
+    return model._meta.app_label in getattr(settings, "PGIDGEN_SHARDED_APPS", ())
+
+
+class ShardRouter:
+    """For DATABASE_ROUTERS. A sharded model (its app in settings.PGIDGEN_SHARDED_APPS) is read and written on the
+    alias of the shard block its shard is in: hints shard=N (Model.objects.db_manager(hints={"shard": N})), else
+    an instance's ID (its shard bits), else the innermost block. Other models are left to the next router."""
+
+    def _alias(self, model: Any, hints: dict[str, Any]) -> str | None:
+        if not sharded(model):
+            return None
+        blocks = _blocks.get()
+        shard = hints.get("shard")
+        instance = hints.get("instance")
+        if shard is None and instance is not None and sharded(type(instance)) and isinstance(instance.pk, int):
+            shard = get_router().shard_of(instance.pk)
+        if shard is None and blocks:
+            shard = blocks[-1][0]
+        if shard is None:
+            raise RoutingError(
+                f"{model.__name__} is sharded, and no shard block is open",
+                hint="run the query inside pgidgen.integrations.django.shard_atomic(shard) or run_on_shard(shard, ...)",
+            )
+        alias = next((a for s, a in reversed(blocks) if s == shard), None)
+        innermost = next((s for s, a in reversed(blocks) if a == alias), None)
+        if alias is None or innermost != shard:
+            raise RoutingError(
+                f"{model.__name__} of shard {shard} outside a block of shard {shard}",
+                hint=f"open shard_atomic({shard}) around it (innermost on its database)",
+            )
+        return alias
+
+    def db_for_read(self, model: Any, **hints: Any) -> str | None:
+        return self._alias(model, hints)
+
+    def db_for_write(self, model: Any, **hints: Any) -> str | None:
+        return self._alias(model, hints)
+
+    def allow_relation(self, obj1: Any, obj2: Any, **hints: Any) -> bool | None:
+        """Sharded objects relate within one shard (the same shard bits in their IDs)."""
+        if not (sharded(type(obj1)) or sharded(type(obj2))):
+            return None
+        if not (sharded(type(obj1)) and sharded(type(obj2))):
+            return False
+        if isinstance(obj1.pk, int) and isinstance(obj2.pk, int):
+            router = get_router()
+            return router.shard_of(obj1.pk) == router.shard_of(obj2.pk)
+        return obj1._state.db == obj2._state.db
+
+    def allow_migrate(self, db: str, app_label: str, model_name: str | None = None, **hints: Any) -> bool | None:
+        """Never for sharded models: their tables are in every shard schema, made by pgidgen apply-ddl."""
+        if app_label in getattr(settings, "PGIDGEN_SHARDED_APPS", ()):
+            return False
+        return None
+
+
+__all__ = ["ShardRouter", "current_shard", "databases", "get_router", "run_on_shard", "shard_atomic", "use_router"]

@@ -1,0 +1,57 @@
+"""What the ORM integrations share: telling a move from any other error, and running a unit of work again."""
+from __future__ import annotations
+
+import time
+from typing import Callable, TypeVar
+
+from ..errors import ShardMovedError, ShardUnavailableError
+from ..routing import MOVE_SYMPTOMS, NOT_SERVED, Router
+
+T = TypeVar("T")
+
+
+def moved_error(router: Router, shard: int, database: str, error: BaseException) -> ShardMovedError | None:
+    """The ShardMovedError to raise instead of error (a psycopg error, or an ORM's wrapper of one) when the shard
+    is not served by database (any more): PGR01 from the claim says so itself; for the other symptoms a move can
+    cause (a renamed schema, a write-blocking trigger, ...) the map read again must name another database."""
+    cause: BaseException | None = error
+    while cause is not None and getattr(cause, "sqlstate", None) is None:
+        cause = cause.__cause__ or getattr(cause, "orig", None)
+    state = getattr(cause, "sqlstate", None)
+    if state not in MOVE_SYMPTOMS:
+        return None
+    router.invalidate()
+    if state != NOT_SERVED:
+        try:
+            if router.database_for(shard) == database:
+                return None  # still served there: the error is the work's own
+        except ShardUnavailableError:
+            pass  # between databases right now: a move
+    return ShardMovedError(
+        f"database {database} no longer serves shard {shard}; nothing was written there",
+        shard=shard,
+        database=database,
+        hint="the shard moved: run the unit of work again (the integrations' run helpers do)",
+    )
+
+
+def retry(router: Router, shard: int, attempt: Callable[[], T], *, retry_for: float = 10.0) -> T:
+    """attempt() until it does not fail with ShardMovedError or ShardUnavailableError, for up to retry_for seconds.
+    Every failed attempt rolled back, so attempt must only be safe to run again in that sense."""
+    deadline = time.monotonic() + retry_for
+    delay = 0.005
+    while True:
+        try:
+            return attempt()
+        except (ShardMovedError, ShardUnavailableError) as e:
+            router.invalidate()
+            if time.monotonic() >= deadline:
+                raise
+            stale = e.database if isinstance(e, ShardMovedError) else None
+            try:
+                again = router.database_for(shard) == stale
+            except ShardUnavailableError:
+                again = True
+            if again:  # the map has not caught up with the move yet
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, 0.25)

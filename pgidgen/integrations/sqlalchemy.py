@@ -1,0 +1,167 @@
+"""SQLAlchemy 2: a ShardedSession (sqlalchemy.ext.horizontal_shard) whose shard ids are pgidgen's shard numbers.
+
+    sharding = Sharding(Router.from_config())           # one engine per pgidgen database, through its app_dsn
+    photo_id = sharding.run(router.shard_for(user_id), lambda session: add(session, Photo(user_id=user_id)))
+    photo = sharding.run(router.shard_of(photo_id), lambda session: session.get(Photo, photo_id))
+
+Shard N's bind is its database's engine (Router.database_for) with schema_translate_map {None: "shard_N"}: an
+engine of its own to the session, so every shard gets its own connection and transaction, and that transaction
+starts with pgidgen.claim_shard(N) (search_path is set as well, for text() SQL). Binds are chosen again from the
+map at the start of every session transaction, so a session follows moves from one transaction to the next;
+Sharding.run runs a unit of work again when a move refused it (nothing was written)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, TypeVar
+
+import psycopg
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.horizontal_shard import ShardedSession
+from sqlalchemy.orm import Mapper, ORMExecuteState, SessionTransaction
+
+from ..config import Config
+from ..errors import RoutingError
+from ..idgen import schema_name
+from ..routing import Router
+from .retrying import moved_error, retry
+
+T = TypeVar("T")
+SHARD_OPTION = "pgidgen_shard"
+DATABASE_OPTION = "pgidgen_database"
+
+
+def create_engines(config: Config, **engine_options: Any) -> dict[str, Engine]:
+    """An engine per database of pgidgen.toml, on the DSN applications use (app_dsn: through a pooler when one is
+    configured). Through a transaction pooler (or one the config does not name: the safe side) psycopg prepares
+    nothing on the server, as the next transaction may run on another server connection, unless the config says
+    the pooler keeps prepared statements per client."""
+    engines = {}
+    for name in config.databases:
+        dsn = config.app_dsn(name)
+        pooler = config.poolers.get(name, "transaction" if name in config.app_dsns else "none")
+        prepare = {} if pooler != "transaction" or name in config.pooler_prepares else {"prepare_threshold": None}
+        engines[name] = create_engine(
+            "postgresql+psycopg://", creator=lambda dsn=dsn, prepare=prepare: psycopg.connect(dsn, **prepare), **engine_options
+        )
+    return engines
+
+
+class ShardSession(ShardedSession):
+    """A ShardedSession over pgidgen's map. shard: where new objects without an ID go and where queries run that
+    name no shard (set_shard_id("N") names one); objects with an ID go to the shard in its bits."""
+
+    def __init__(self, router: Router, engines: dict[str, Engine], *, shard: int | None = None, read_only: bool = False, **options: Any) -> None:
+        super().__init__(shard_chooser=self.shard_chooser, identity_chooser=self.identity_chooser,
+                         execute_chooser=self.execute_chooser, **options)
+        self.router = router
+        self.engines = engines
+        self.shard = shard
+        self.read_only = read_only
+        self._bound: set[str] = set()
+        event.listen(self, "after_transaction_create", self._rebind)
+        event.listen(self, "after_begin", self._claim)
+
+    # -- the choosers horizontal_shard calls --------------------------------------------------------
+
+    def shard_chooser(self, mapper: Mapper[Any] | None, instance: Any, clause: Any = None, **kw: Any) -> str:
+        ident = mapper.primary_key_from_instance(instance) if mapper is not None and instance is not None else None
+        if ident and len(ident) == 1 and isinstance(ident[0], int):
+            return self._bind(self.router.shard_of(ident[0]))
+        return self._bind(self._default())
+
+    def identity_chooser(self, mapper: Mapper[Any], primary_key: Any, **kw: Any) -> list[str]:
+        ident = primary_key if isinstance(primary_key, (tuple, list)) else (primary_key,)
+        if len(ident) == 1 and isinstance(ident[0], int):
+            return [self._bind(self.router.shard_of(ident[0]))]
+        return [self._bind(self._default())]
+
+    def execute_chooser(self, orm_context: ORMExecuteState) -> Iterable[str]:
+        return [self._bind(self._default())]
+
+    def get(self, entity: Any, ident: Any, **kw: Any) -> Any:
+        """By ID alone: the shard is in the ID's bits (without this, a miss would query the session's shard)."""
+        if kw.get("identity_token") is None and isinstance(ident, int):
+            kw["identity_token"] = self._bind(self.router.shard_of(ident))
+        return super().get(entity, ident, **kw)
+
+    # -- binds and claims -------------------------------------------------------------------------
+
+    def get_bind(self, mapper: Any = None, *, shard_id: str | None = None, **kw: Any) -> Any:
+        if shard_id is not None:
+            self._bind(int(shard_id))
+        return super().get_bind(mapper, shard_id=shard_id, **kw)
+
+    def _default(self) -> int:
+        if self.shard is None:
+            raise RoutingError("this session has no shard for objects without an ID and queries that name none",
+                               hint="open it with shard=N, or name one: .options(set_shard_id(str(N)))")
+        return self.shard
+
+    def _bind(self, shard: int) -> str:
+        shard_id = str(shard)
+        if shard_id not in self._bound:
+            database = self.router.database_for(shard)
+            options = {SHARD_OPTION: shard, DATABASE_OPTION: database}
+            self.bind_shard(shard_id, self.engines[database].execution_options(schema_translate_map={None: schema_name(shard)}, **options))
+            self._bound.add(shard_id)
+        return shard_id
+
+    def _rebind(self, session: Any, transaction: SessionTransaction) -> None:
+        if transaction.parent is None:  # a new outermost transaction: the map may have changed since the last one
+            self._bound.clear()
+
+    def _claim(self, session: Any, transaction: SessionTransaction, connection: Connection) -> None:
+        options = connection.get_execution_options()
+        shard = options.get(SHARD_OPTION)
+        if shard is None:
+            return
+        try:
+            connection.exec_driver_sql(
+                "SELECT pgidgen.claim_shard(%s, %s), pg_catalog.set_config('search_path', %s, true)",
+                (shard, not self.read_only, self.router.search_path_for(shard)),
+            )
+        except DBAPIError as e:
+            moved = moved_error(self.router, shard, options[DATABASE_OPTION], e)
+            if moved is None:
+                raise
+            raise moved from e
+
+
+class Sharding:
+    """The engines and the router an application holds; sessions per unit of work, and run() with retries."""
+
+    def __init__(self, router: Router, engines: dict[str, Engine] | None = None, **engine_options: Any) -> None:
+        self.router = router
+        self.engines = engines if engines is not None else create_engines(router.config, **engine_options)
+
+    def session(self, shard: int | None = None, *, read_only: bool = False, **options: Any) -> ShardSession:
+        """A session whose new objects and unnamed queries go to shard. expire_on_commit is off by default: the
+        objects a unit of work returns are read after it committed."""
+        options.setdefault("expire_on_commit", False)
+        return ShardSession(self.router, self.engines, shard=shard, read_only=read_only, **options)
+
+    def run(self, shard: int, work: Callable[[ShardSession], T], *, read_only: bool = False, retry_for: float = 10.0) -> T:
+        """work(session) in one transaction of a new session on shard, run again on the shard's new database when
+        a move refused it (for up to retry_for seconds). work must be safe to run again: every failed attempt
+        rolled back."""
+
+        def attempt() -> T:
+            database = self.router.database_for(shard)
+            try:
+                with self.session(shard, read_only=read_only) as session, session.begin():
+                    return work(session)
+            except DBAPIError as e:
+                moved = moved_error(self.router, shard, database, e)
+                if moved is None:
+                    raise
+                raise moved from e
+
+        return retry(self.router, shard, attempt, retry_for=retry_for)
+
+    def dispose(self) -> None:
+        for engine in self.engines.values():
+            engine.dispose()
+
+
+__all__ = ["DATABASE_OPTION", "SHARD_OPTION", "ShardSession", "Sharding", "create_engines"]

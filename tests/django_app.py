@@ -1,0 +1,117 @@
+"""A Django application process for tests/test_integrations.py (Django is configured once per process): it checks
+pgidgen.integrations.django on the databases of PGIDGEN_CONFIG, then writes to shard SHARD through run_on_shard
+until told (a line on stdin) that the shard has moved, and prints what it wrote as JSON.
+
+Protocol: prints "ready" after 50 writes; on a line from stdin it writes 50 more, stops, prints the JSON result."""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+import django
+from django.conf import settings
+
+from pgidgen.integrations.django import databases
+
+SHARD = 1  # on db1 of db1/db2, moved to db3 by the test
+OTHER = 0  # another shard of db1
+
+settings.configure(
+    DATABASES=databases(conn_max_age=60),
+    DATABASE_ROUTERS=["pgidgen.integrations.django.ShardRouter"],
+    PGIDGEN_SHARDED_APPS=["app"],
+    INSTALLED_APPS=[],
+    USE_TZ=True,
+)
+django.setup()
+
+from django.db import connections, models  # noqa: E402 - after settings
+
+from pgidgen.errors import RoutingError  # noqa: E402
+from pgidgen.integrations.django import ShardRouter, get_router, run_on_shard, shard_atomic  # noqa: E402
+
+
+class Row(models.Model):
+    id = models.BigAutoField(primary_key=True)  # the table's DEFAULT next_id(), read back by RETURNING
+    v = models.IntegerField()
+
+    class Meta:
+        app_label = "app"
+        db_table = "t"
+        managed = False
+
+
+def checks() -> None:
+    router = get_router()
+    assert set(settings.DATABASES) == {"db1", "db2", "db3", "default"}
+    # a sharded model outside a shard block: refused, not sent to "default"
+    try:
+        Row.objects.count()
+    except RoutingError as e:
+        assert "no shard block is open" in str(e), e
+    else:
+        raise AssertionError("a query outside a shard block was not refused")
+    # nested blocks of two shards of one database: each write lands in its own block's shard
+    with shard_atomic(SHARD) as alias:
+        with shard_atomic(OTHER):
+            inner = Row.objects.create(v=-1)
+        outer = Row.objects.create(v=-2)
+        assert alias == "db1" and Row.objects.db_manager(hints={"shard": SHARD}).filter(id=outer.id).exists()
+    assert (router.shard_of(inner.id), router.shard_of(outer.id)) == (OTHER, SHARD)
+    # an instance's ID routes it: saved again in its own shard's block, refused in another shard's
+    with shard_atomic(SHARD):
+        outer.v = -3
+        outer.save()
+    with shard_atomic(OTHER):
+        try:
+            outer.save()
+        except RoutingError as e:
+            assert "outside a block of shard 1" in str(e), e
+        else:
+            raise AssertionError("an instance of shard 1 was saved in shard 0's block")
+    assert run_on_shard(SHARD, lambda: Row.objects.get(id=outer.id).v, read_only=True) == -3
+    assert ShardRouter().allow_migrate("db1", "app") is False and ShardRouter().allow_migrate("db1", "auth") is None
+    assert ShardRouter().allow_relation(outer, inner) is False and ShardRouter().allow_relation(outer, outer) is True
+    with shard_atomic(OTHER):
+        Row.objects.filter(id=inner.id).delete()
+    with shard_atomic(SHARD):
+        Row.objects.filter(id=outer.id).delete()
+
+
+def main() -> None:
+    checks()
+    ids: list[int] = []
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                ids.append(run_on_shard(SHARD, lambda: Row.objects.create(v=n).id))
+            except BaseException as e:  # noqa: BLE001 - every exception the application would see
+                errors.append(f"{type(e).__name__}: {e}")
+            n += 1
+        connections.close_all()
+
+    th = threading.Thread(target=writer, daemon=True)
+    th.start()
+    while len(ids) < 50 and th.is_alive():
+        time.sleep(0.01)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    n_at = len(ids)
+    while len(ids) < n_at + 50 and th.is_alive():
+        time.sleep(0.01)
+    stop.set()
+    th.join(30)
+    result: dict[str, Any] = {"ids": ids, "errors": errors, "database": get_router().database_for(SHARD)}
+    get_router().close()
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""pgidgen.integrations against real servers with the real libraries, each while `move-shard` moves the shard it
+writes to: no exception reaches the application, nothing is lost, nothing is duplicated."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import psycopg
+import pytest
+
+from pgidgen import pgbouncer
+from pgidgen.config import Config, load_config
+from pgidgen.init import init
+from pgidgen.move import move_shard
+
+from moveshards import quick_subscription_start  # noqa: F401 - a fixture: moves on PostgreSQL 15
+from test_routing_pooler import app_config, bouncer_root  # noqa: F401 - bouncer_root is a fixture
+
+SHARDS = 4  # db1: 0-1, db2: 2-3, db3: none (the target)
+SHARD = 1
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def sharded(config: Config) -> Config:
+    assert all(o.ok for o in init(config, SHARDS, ["db1", "db2"]))
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        for shard in (0, 1):
+            c.execute(f"CREATE TABLE shard_{shard}.t (id bigint PRIMARY KEY DEFAULT shard_{shard}.next_id(), v int NOT NULL)")
+        c.execute("INSERT INTO shard_1.t (v) SELECT g FROM generate_series(1, 50) g")
+    return config
+
+
+def move(config: Config) -> None:
+    report = move_shard(config, SHARD, "db3")
+    assert report.status == "done" and report.verification is not None and report.verification.ok
+
+
+def assert_all_there(config: Config, ids: list[int], errors: list[str], *, before: int = 50) -> None:
+    assert errors == []
+    with psycopg.connect(config.dsn("db3")) as c:
+        stored = [r[0] for r in c.execute("SELECT id FROM shard_1.t WHERE id = ANY(%s)", (ids,))]
+        total = c.execute("SELECT count(*) FROM shard_1.t").fetchone()[0]
+    assert len(ids) >= 100 and len(set(ids)) == len(ids)  # nothing duplicated
+    assert sorted(stored) == sorted(ids) and total == before + len(ids)  # nothing lost, nothing else
+
+
+@pytest.mark.parametrize("through", ["direct", "pgbouncer"])
+def test_django_writer_during_a_move(through: str, sharded: Config, config_file: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    pytest.importorskip("django")
+    bouncer = None
+    if through == "pgbouncer":  # the app's DSNs through PgBouncer in transaction mode (its mode not said)
+        bouncer = pgbouncer.start(request.getfixturevalue("bouncer_root"), sharded.databases, mode="transaction")
+        config_file = app_config(tmp_path, sharded, bouncer, None)
+    env = {**os.environ, "PGIDGEN_CONFIG": str(config_file)}
+    app = subprocess.Popen([sys.executable, str(HERE / "django_app.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert app.stdout is not None and app.stdin is not None
+        line = app.stdout.readline()
+        assert line == "ready\n", line + (app.stderr.read() if app.stderr else "")
+        move(load_config(config_file))
+        app.stdin.write("moved\n")
+        app.stdin.flush()
+        out, err = app.communicate(timeout=120)
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait()
+        if bouncer is not None:
+            bouncer.stop()
+    assert app.returncode == 0, err
+    result: dict[str, Any] = json.loads(out)
+    assert result["database"] == "db3"
+    assert_all_there(sharded, result["ids"], result["errors"])
+
+
+# -- SQLAlchemy -------------------------------------------------------------------------------------------
+
+sqlalchemy = pytest.importorskip("sqlalchemy")
+from sqlalchemy import BigInteger, Integer, func, select, text  # noqa: E402
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column  # noqa: E402
+
+from pgidgen.errors import RoutingError, ShardMovedError  # noqa: E402
+from pgidgen.integrations.sqlalchemy import Sharding  # noqa: E402
+from pgidgen.routing import Router  # noqa: E402
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Row(Base):
+    __tablename__ = "t"  # unqualified: schema_translate_map names the shard's schema
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, server_default=text("next_id()"))
+    v: Mapped[int] = mapped_column(Integer)
+
+
+def add(v: int) -> Any:
+    def work(session: Any) -> int:
+        row = Row(v=v)
+        session.add(row)
+        session.flush()  # INSERT ... RETURNING id: shard_N.next_id() made it
+        return row.id
+
+    return work
+
+
+def test_sqlalchemy_session_routes_by_id_and_shard(sharded: Config) -> None:
+    with Router(sharded, listen=False) as router:
+        sharding = Sharding(router)
+        try:
+            first = sharding.run(SHARD, add(-1))
+            assert router.shard_of(first) == SHARD
+            with sharding.session(0) as session:  # another shard's session: a get by ID goes to the ID's shard
+                assert session.get(Row, first).v == -1
+                assert session.scalar(select(func.count()).select_from(Row)) == 0  # an unnamed query: its own shard
+                assert session.execute(text("SELECT count(*) FROM t")).scalar() == 0  # text(): search_path
+                session.rollback()
+            with sharding.session() as session:
+                session.add(Row(v=-2))
+                with pytest.raises(RoutingError, match="no shard for objects without an ID"):
+                    session.flush()
+            assert sharding.run(SHARD, lambda s: s.scalar(select(func.count()).select_from(Row)), read_only=True) == 51
+        finally:
+            sharding.dispose()
+
+
+def writes_during_a_move(config: Config, write: Callable[[int], int]) -> tuple[list[int], list[str]]:
+    """write(n) in a loop in a thread, 50 writes before move-shard moves SHARD to db3 and 50 after it finished;
+    the IDs written and every exception the loop saw."""
+    ids: list[int] = []
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                ids.append(write(n))
+            except BaseException as e:  # noqa: BLE001 - every exception the application would see
+                errors.append(f"{type(e).__name__}: {e}")
+            n += 1
+
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    try:
+        while len(ids) < 50 and th.is_alive():
+            time.sleep(0.01)
+        move(config)
+        n_at = len(ids)
+        while len(ids) < n_at + 50 and th.is_alive():
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        th.join(30)
+    return ids, errors
+
+
+def test_sqlalchemy_writer_during_a_move(sharded: Config) -> None:
+    with Router(sharded) as router, Router(sharded, listen=False) as stale_router:
+        sharding = Sharding(router)
+        stale = Sharding(stale_router, pool_size=1)
+        before = stale.session(SHARD)  # a long-lived session, whose router learns of the move only from PGR01
+        with before.begin():
+            before.add(Row(v=-1))
+        try:
+            ids, errors = writes_during_a_move(sharded, lambda n: sharding.run(SHARD, add(n)))
+        finally:
+            sharding.dispose()
+        assert router.database_for(SHARD) == "db3"
+        with pytest.raises(ShardMovedError, match="database db1 no longer serves shard 1"), before.begin():
+            before.add(Row(v=-2))
+            before.flush()
+        with before.begin():  # the next transaction binds from the map read again
+            row = Row(v=-3)
+            before.add(row)
+        before.close()
+        stale.dispose()
+    ids_all = [*ids, row.id]
+    with psycopg.connect(sharded.dsn("db3")) as c:
+        assert c.execute("SELECT v FROM shard_1.t WHERE id = %s", (row.id,)).fetchone() == (-3,)
+        assert c.execute("SELECT count(*) FROM shard_1.t WHERE v IN (-1, -2)").fetchone() == (1,)  # -2 rolled back
+    assert_all_there(sharded, ids_all, errors, before=51)
+
+
+@pytest.mark.parametrize("mode", ["transaction", "session"])
+def test_sqlalchemy_writer_through_pgbouncer_during_a_move(mode: str, sharded: Config, bouncer_root: Path, tmp_path: Path) -> None:
+    bouncer = pgbouncer.start(bouncer_root, sharded.databases, mode=mode)
+    try:
+        path = app_config(tmp_path, sharded, bouncer, None if mode == "transaction" else mode)  # the mode said or not
+        with Router.from_config(str(path)) as router:
+            sharding = Sharding(router)
+            try:
+                ids, errors = writes_during_a_move(load_config(path), lambda n: sharding.run(SHARD, add(n)))
+            finally:
+                sharding.dispose()
+            assert router.database_for(SHARD) == "db3"
+    finally:
+        bouncer.stop()
+    assert_all_there(sharded, ids, errors)
