@@ -93,7 +93,7 @@ def pages(root: click.Group | None = None) -> list[Page]:
             cmd.get_help(ctx).rstrip("\n"),
             "```",
             "",
-            *([] if cmd is root else ["## Options", "", _options_table(cmd, ctx), ""]),
+            "## Options", "", _options_table(cmd, ctx), "",
             *(_subcommands(cmd, ctx) if isinstance(cmd, click.Group) else []),
         ])
         out.append(Page(slug, path, cmd.get_short_help_str(limit=200), text.rstrip("\n") + "\n"))
