@@ -102,3 +102,37 @@ def test_help_is_documentation() -> None:
         for p in sub.params:
             if isinstance(p, click.Option) and not p.hidden:
                 assert p.help, f"pgidgen {name} {p.opts[0]} has no help"
+
+
+def _slugs(markdown: str) -> set[str]:
+    """GitHub's anchors for a page's headings."""
+    import re
+
+    out = set()
+    for line in markdown.splitlines():
+        m = re.match(r"^#{1,6} (.+)$", line)
+        if m:
+            out.add(re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-"))
+    return out
+
+
+def test_links_between_the_docs_resolve() -> None:
+    """Every relative link in README.md, CHANGELOG.md and docs/ names a file that exists and, with #anchor, one
+    of its headings: an operator following one at 3 a.m. lands where it says."""
+    import re
+
+    root = DOCS.parent
+    pages = [root / "README.md", root / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(root)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _slugs(dest.read_text()):
+                broken.append(f"{page.relative_to(root)}: {target} (no such heading)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
