@@ -49,22 +49,29 @@ def error_classes(package: Path = PACKAGE) -> set[str]:
     return found | EXTRA_ERRORS
 
 
-def _templates(node: ast.expr) -> list[str]:
-    """The message an expression makes, with `{}` for every value; an if-expression makes one per branch."""
+def _templates(node: ast.expr, consts: dict[str, str] | None = None) -> list[str]:
+    """The message an expression makes, with `{}` for every value; an if-expression makes one per branch, and a
+    module-level string constant stands for its text."""
+    consts = consts or {}
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return [node.value]
+    if isinstance(node, ast.Name) and node.id in consts:
+        return [consts[node.id]]
     if isinstance(node, ast.JoinedStr):
         parts = [[""]]
         for v in node.values:
-            parts.append(_templates(v) if isinstance(v, ast.Constant) else [HOLE])
+            if isinstance(v, ast.FormattedValue) and isinstance(v.value, ast.Name) and v.value.id in consts:
+                parts.append([consts[v.value.id]])
+            else:
+                parts.append(_templates(v) if isinstance(v, ast.Constant) else [HOLE])
         out = [""]
         for options in parts:
             out = [a + b for a in out for b in options]
         return out
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        return [a + b for a in _templates(node.left) for b in _templates(node.right)]
+        return [a + b for a in _templates(node.left, consts) for b in _templates(node.right, consts)]
     if isinstance(node, ast.IfExp):
-        return _templates(node.body) + _templates(node.orelse)
+        return _templates(node.body, consts) + _templates(node.orelse, consts)
     return [HOLE]
 
 
@@ -94,6 +101,8 @@ def scan(package: Path = PACKAGE) -> list[Found]:
         if path.parent.name == "docgen":
             continue
         tree = ast.parse(path.read_text(), str(path))
+        consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+                  and isinstance(n.value.value, str) for t in n.targets if isinstance(t, ast.Name)}
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
@@ -104,12 +113,12 @@ def scan(package: Path = PACKAGE) -> list[Found]:
             arg = _message_arg(node)
             if arg is None:
                 continue
-            hint = next((normalise(_templates(kw.value)[0]) for kw in node.keywords if kw.arg == "hint"), None)
+            hint = next((normalise(_templates(kw.value, consts)[0]) for kw in node.keywords if kw.arg == "hint"), None)
             if cls == "Refused" and len(node.args) > 1:
-                hint = normalise(_templates(node.args[1])[0])
+                hint = normalise(_templates(node.args[1], consts)[0])
             if hint is not None and not re.search(r"[A-Za-z]", hint.replace(HOLE, "")):
                 hint = None
-            for t in _templates(arg):
+            for t in _templates(arg, consts):
                 t = normalise(t)
                 if re.search(r"[A-Za-z]", t.replace(HOLE, "")):
                     out.append(Found(cls, t, str(path.relative_to(package.parent)), node.lineno, hint))
