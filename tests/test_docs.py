@@ -62,6 +62,10 @@ def test_the_scan_finds_messages_as_the_code_writes_them() -> None:
     assert any(k.startswith("MoveError: ") for k in keys)  # a subclass defined outside errors.py
     assert any(k.startswith("Refused: ") for k in keys)  # apply-ddl's refusals
     assert any(k.startswith("ClickException: ") for k in keys)
+    assert "Finding: wal_level = {}, an online move out of it needs logical" in keys  # check's FAIL lines
+    assert not any(k.startswith("Finding: logical") for k in keys)  # ... not its ok ones
+    assert "ClickException: interrupted; each database's transaction was rolled back unless reported done" in keys  # `x or "..."`
+    assert "ConfigError: no pgidgen.toml in {}" in keys  # a module-level constant stands for its text
     assert normalise("a  {}{}\n  b") == "a {} b"
 
 

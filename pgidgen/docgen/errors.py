@@ -7,7 +7,7 @@ import difflib
 import re
 from pathlib import Path
 
-from .errorscan import Found, scan, unique
+from .errorscan import FINDING, Found, scan, unique
 
 BEGIN = "<!-- BEGIN generated entries: `make docs` writes headings and keys; the text under each is hand-written and kept -->"
 END = "<!-- END generated entries -->"
@@ -75,7 +75,7 @@ def read_entries(text: str) -> dict[str, str]:
             if key is not None:
                 out[key] = _trim(body)
             key, body = None, []
-        elif key is not None and not line.startswith("_Raised as "):
+        elif key is not None and not line.startswith(("_Raised as ", "_A failed check in ")):
             body.append(line)
     if key is not None:
         out[key] = _trim(body)
@@ -123,7 +123,9 @@ def render(found: list[Found], existing: str) -> tuple[str, list[tuple[str, str]
         entry = [
             f"### {_code(first.template)}",
             f"<!-- error: {key} -->",
-            f"_Raised as `{first.cls}` in {where}; see [{link.rsplit('/', 1)[-1].split('#')[0] or 'README'}]({link})._"
+            (f"_A failed check in {where}: `pgidgen check` prints it as `DB: FAIL item: ...`, move-shard and rebalance stop"
+             f" with it (`MoveError`); see [check.md](commands/check.md)._" if first.cls == FINDING else
+             f"_Raised as `{first.cls}` in {where}; see [{link.rsplit('/', 1)[-1].split('#')[0] or 'README'}]({link})._")
             + (f" _Its hint: {_code(hint)}_" if hint else ""),
             "",
             bodies.get(key) or TODO,
@@ -162,7 +164,8 @@ Every error pgidgen prints is one line, `Error: what is wrong (where): what to d
 nothing half-written. This page lists each message as the code writes it, `{}` standing for a value (a shard
 number, a database name, ...), grouped by the command or area that prints it: find yours by its first words
 (the values differ). Each entry says what it means and what to do; the [runbook](runbook.md) has the longer
-procedures.
+procedures. The failed findings of `pgidgen check` are here too: move-shard and rebalance stop with the same
+text.
 
 A test (`tests/test_docs.py`) scans pgidgen's source for error messages and fails when one is missing here:
 `make docs` adds a stub for it (and keeps the text of a message only reworded), then write what it means and

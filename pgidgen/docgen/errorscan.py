@@ -13,6 +13,9 @@ PACKAGE = Path(__file__).resolve().parent.parent
 CLICK_ERRORS = {"ClickException", "UsageError", "BadParameter"}
 #: Not an error class of pgidgen's but shown to the user all the same: a statement apply-ddl cannot shard.
 EXTRA_ERRORS = {"Refused"}
+#: A failed finding of `pgidgen check` (Finding(database, item, ok, text, fix)): a FAIL line there, and the
+#: error move-shard and rebalance stop with. Only calls whose `ok` is not the literal True are failures.
+FINDING = "Finding"
 HOLE = "{}"
 
 
@@ -72,6 +75,8 @@ def _templates(node: ast.expr, consts: dict[str, str] | None = None) -> list[str
         return [a + b for a in _templates(node.left, consts) for b in _templates(node.right, consts)]
     if isinstance(node, ast.IfExp):
         return _templates(node.body, consts) + _templates(node.orelse, consts)
+    if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):  # `str(e) or "default"`
+        return [t for v in node.values for t in _templates(v, consts)]
     return [HOLE]
 
 
@@ -84,6 +89,11 @@ def normalise(template: str) -> str:
 
 
 def _message_arg(call: ast.Call) -> ast.expr | None:
+    if _name(call) == FINDING:
+        ok = call.args[2] if len(call.args) > 2 else None
+        if len(call.args) < 4 or (isinstance(ok, ast.Constant) and ok.value is True):
+            return None
+        return call.args[3]
     if call.args and not isinstance(call.args[0], ast.Starred):
         return call.args[0]
     for kw in call.keywords:
@@ -92,10 +102,15 @@ def _message_arg(call: ast.Call) -> ast.expr | None:
     return None
 
 
+def _name(call: ast.Call) -> str | None:
+    f = call.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+
 def scan(package: Path = PACKAGE) -> list[Found]:
     """Every error message template in the package (messages with no literal word of their own, which only
     pass on a message made elsewhere, are left out: that other place is scanned)."""
-    names = error_classes(package) | CLICK_ERRORS
+    names = error_classes(package) | CLICK_ERRORS | {FINDING}
     out: list[Found] = []
     for path in sorted(package.rglob("*.py")):
         if path.parent.name == "docgen":
@@ -106,8 +121,7 @@ def scan(package: Path = PACKAGE) -> list[Found]:
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
-            f = node.func
-            cls = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            cls = _name(node)
             if cls not in names:
                 continue
             arg = _message_arg(node)
@@ -116,6 +130,8 @@ def scan(package: Path = PACKAGE) -> list[Found]:
             hint = next((normalise(_templates(kw.value, consts)[0]) for kw in node.keywords if kw.arg == "hint"), None)
             if cls == "Refused" and len(node.args) > 1:
                 hint = normalise(_templates(node.args[1], consts)[0])
+            if cls == FINDING and len(node.args) > 4:
+                hint = next((normalise(t) for t in _templates(node.args[4], consts) if t != HOLE), None)
             if hint is not None and not re.search(r"[A-Za-z]", hint.replace(HOLE, "")):
                 hint = None
             for t in _templates(arg, consts):
