@@ -34,6 +34,7 @@ AREAS = [
     ("pgidgen/ddl/", "apply-ddl and status --drift", "commands/apply-ddl.md"),
     ("pgidgen/move/", "Moves: move-shard, rebalance, cleanup", "commands/move-shard.md"),
     ("pgidgen/routing/", "The Router (application side)", "../README.md#the-application-side-routing-connections-an-example-app"),
+    ("pgidgen/integrations/", "The Router (application side)", "orm.md"),
     ("pgidgen/pgbouncer.py", "The Router (application side)", "../README.md#the-application-side-routing-connections-an-example-app"),
     ("pgidgen/sandbox.py", "sandbox and PostgreSQL's programs", "commands/sandbox.md"),
     ("pgidgen/pgbin.py", "sandbox and PostgreSQL's programs", "commands/sandbox.md"),
