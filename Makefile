@@ -6,12 +6,13 @@ PY := $(VENV)/bin/python
 PGIDGEN := $(VENV)/bin/pgidgen
 PYTEST_ARGS ?=
 
-.PHONY: help venv deps test demo bench clean
+.PHONY: help venv deps test demo bench docs clean
 
 help:
 	@echo "make demo   - start two sandbox servers, init 2000 shards, insert and decode IDs"
 	@echo "make test   - run the test suite against real throwaway PostgreSQL servers"
 	@echo "make bench  - benchmarks, as ratios against their baselines"
+	@echo "make docs   - regenerate docs/commands/ and docs/errors.md from the code (keeps the hand-written parts)"
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -51,3 +52,8 @@ bench: venv deps
 
 clean:
 	rm -rf $(VENV) .pytest_cache .pgidgen-sandbox
+
+# The command reference (docs/commands/) from the click commands and the error index (docs/errors.md) from the
+# error messages in pgidgen/: hand-written parts (Examples, each error's text) are kept. tests/test_docs.py checks.
+docs: venv
+	$(PY) -m pgidgen.docgen
