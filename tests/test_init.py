@@ -8,6 +8,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
+from pgidgen import pgbin
 from pgidgen.catalog import read_state
 from pgidgen.cli import main
 from pgidgen.config import Config, write_config
@@ -130,7 +131,7 @@ def test_sql_is_offline_and_runs_in_psql(tmp_path: Path, config: Config, layout:
     per_db = render_init(offline_plan(config, 6, ["db1", "db2"]))
     script = tmp_path / "db1.sql"
     script.write_text("BEGIN;\n" + per_db["db1"] + "COMMIT;\n")
-    subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", config.dsn("db1"), "-f", str(script)], check=True, capture_output=True)
+    subprocess.run([str(pgbin.newest_client("psql")), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", config.dsn("db1"), "-f", str(script)], check=True, capture_output=True)
     assert shards_in(config.dsn("db1")) == [0, 1, 2]
     # what psql made is what init makes: a later init sees nothing to do on db1
     out = init(config, 6, ["db1", "db2"])
@@ -147,7 +148,7 @@ def test_sql_checks_the_argument_order_like_init(tmp_path: Path, config: Config)
     inverted = per_db["db1"].replace("(b OPERATOR(pg_catalog.=) c)", "(b OPERATOR(pg_catalog.<>) c)")
     script = tmp_path / "inverted.sql"
     script.write_text("BEGIN;\n" + inverted + "COMMIT;\n")
-    r = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", config.dsn("db1"), "-f", str(script)], capture_output=True, text=True)
+    r = subprocess.run([str(pgbin.newest_client("psql")), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", config.dsn("db1"), "-f", str(script)], capture_output=True, text=True)
     assert r.returncode != 0
     assert "pgidgen: this server evaluates function arguments out of order" in r.stderr
     assert shards_in(config.dsn("db1")) == []
