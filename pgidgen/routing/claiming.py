@@ -14,7 +14,9 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 import psycopg
-from psycopg import sql
+from psycopg import errors as e
+from psycopg import generators, pq, sql
+from psycopg._preparing import Prepare
 
 IN_UNIT = "commit() and rollback() are not allowed inside a Router unit of work: it commits when the block ends"
 
@@ -31,15 +33,79 @@ def claim_sql(shard: int, search_path: str, read_only: bool) -> bytes:
     return q.format(sql.Literal(shard), sql.Literal(search_path)).as_string(None).encode("utf-8")
 
 
+def _fast_path_available() -> bool:
+    """The one-round-trip path drives libpq's pipeline directly with a few of psycopg's cursor internals (3.1+);
+    anything missing and every statement takes the generic path (the claim a round trip of its own)."""
+    needed = (hasattr(psycopg.Cursor, n) for n in ("_convert_query", "_check_results", "_set_results", "_start_query"))
+    needed = (*needed, hasattr(Prepare, "SHOULD"))
+    return all(needed) and hasattr(generators, "send") and hasattr(generators, "fetch_many") and psycopg.Pipeline.is_supported()
+
+
 class ClaimingCursor(psycopg.Cursor[Any]):
     def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None) -> ClaimingCursor:
         conn = self._conn
-        if getattr(conn, "pending_claim", None) is None or conn._pipeline is not None:
+        claim = getattr(conn, "pending_claim", None)
+        if claim is None or conn._pipeline is not None or not FAST:
             super().execute(query, params, prepare=prepare, binary=binary)
             return self
-        with conn.pipeline():  # BEGIN, the claim (queued by _start_query) and this statement: one round trip
-            super().execute(query, params, prepare=prepare, binary=binary)
+        conn.pending_claim = None
+        try:
+            with conn.lock:
+                conn.wait(self._claimed_execute_gen(query, params, claim, prepare, binary))
+        except e._NO_TRACEBACK as ex:
+            raise ex.with_traceback(None)
         return self
+
+    def _claimed_execute_gen(self, query: Any, params: Any, claim: bytes, prepare: bool | None, binary: bool | None) -> Any:
+        """BEGIN, the claim and the statement in one pipeline and one network write; the results in one read.
+        psycopg's own pipeline sends each command on its own and costs more than the round trip it saves."""
+        yield from self._start_query(query)
+        pgq = self._convert_query(query, params)
+        self._query = pgq
+        fmt = self.format if binary is None else (pq.Format.BINARY if binary else pq.Format.TEXT)
+        pgconn = self._pgconn
+        prepared = self._conn._prepared
+        prep, name = prepared.get(pgq, prepare)
+        pgconn.enter_pipeline_mode()
+        done = False
+        try:
+            pgconn.send_query_params(b"BEGIN", None)
+            pgconn.send_query_params(claim, None)
+            if prep is Prepare.NO:
+                pgconn.send_query_params(pgq.query, pgq.params, param_formats=pgq.formats, param_types=pgq.types, result_format=fmt)
+            else:
+                if prep is Prepare.SHOULD:
+                    pgconn.send_prepare(name, pgq.query, param_types=pgq.types)
+                pgconn.send_query_prepared(name, pgq.params, param_formats=pgq.formats, result_format=fmt)
+            key = prepared.maybe_add_to_cache(pgq, prep, name)
+            pgconn.pipeline_sync()
+            yield from generators.send(pgconn)
+            head = (yield from generators.fetch_many(pgconn)) + (yield from generators.fetch_many(pgconn))
+            if prep is Prepare.SHOULD:
+                head += yield from generators.fetch_many(pgconn)
+            results = yield from generators.fetch_many(pgconn)
+            yield from generators.fetch_many(pgconn)  # the sync
+            done = True
+        finally:
+            try:
+                pgconn.exit_pipeline_mode()
+            except psycopg.Error:
+                if done:
+                    raise
+        if key is not None:
+            prepared.validate(key, prep, name, results)
+        for res in head:
+            if res.status == pq.ExecStatus.FATAL_ERROR:
+                if prep is Prepare.SHOULD:
+                    prepared.clear()  # the statement may not have been prepared after all: start over
+                raise e.error_from_result(res, encoding=pgconn._encoding)
+        self._check_results(results)
+        self._set_results(results)
+        self._last_query = query
+        yield from prepared.maintain_gen(self._conn)
+
+
+FAST = _fast_path_available()
 
 
 class ClaimingConnection(psycopg.Connection[Any]):

@@ -96,6 +96,23 @@ class Pools:
             ) from None
 
     @contextmanager
+    def lend(self, name: str) -> Iterator[ClaimingConnection]:
+        """A pooled connection for a unit of work, which ends its transaction itself (none of the pool's
+        context manager's end-of-block commit)."""
+        pool = self._pools.get(name) or self._open(name)
+        try:
+            conn = pool.getconn(timeout=self.timeout)
+        except PoolTimeout:
+            raise DatabaseError(
+                f"no connection to database {name} ({describe_dsn(self.config.app_dsn(name))}) within {self.timeout:g}s",
+                hint="check that the server is running and accepts connections, or raise max_size",
+            ) from None
+        try:
+            yield conn  # type: ignore[misc]
+        finally:
+            pool.putconn(conn)
+
+    @contextmanager
     def fresh(self, name: str) -> Iterator[psycopg.Connection[Any]]:
         """A new connection with the pool's settings, closed at the end (for a database that did not answer)."""
         dsn = self.config.app_dsn(name)

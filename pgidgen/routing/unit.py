@@ -18,7 +18,7 @@ from ..config import Config, describe_dsn
 from ..db import pg_message
 from ..errors import DatabaseError, PgidgenError, ShardMovedError, ShardUnavailableError
 from ..idgen import schema_name
-from .claiming import ClaimingConnection, claim_sql
+from .claiming import claim_sql
 from .mapcache import SERVING, MapCache, Route
 from .pools import Pools
 
@@ -54,8 +54,7 @@ class Units:
     @contextmanager
     def transaction(self, shard: int, *, read_only: bool = False) -> Iterator[psycopg.Connection[Any]]:
         route = self.maps.get().route(shard)
-        with self.pools.connection(route.database) as conn:
-            assert isinstance(conn, ClaimingConnection)
+        with self.pools.lend(route.database) as conn:
             conn.begin_unit(self.claim_for(shard, read_only))
             committing = False
             try:
