@@ -84,3 +84,30 @@ def test_no_commit_inside_a_unit_and_a_failed_claim_runs_nothing(router: Router,
         with router.transaction(3) as conn:  # the stale route: the claim fails in the same pipeline as the INSERT
             conn.execute("INSERT INTO items (k) VALUES (3)")
     assert count(sharded.dsn("db1"), retired) == 0 and count(sharded.dsn("db3"), "shard_3") == 0
+
+
+def test_threads_share_one_connection_without_waiting_for_the_timeout(sharded: Config) -> None:
+    """A unit gives its connection back to the router's idle list (reused warm); other threads, and map re-reads,
+    take it from there or from the pool, never waiting out pool_timeout while it sits idle (a wait as long as
+    pool_timeout would fail the unit with DatabaseError)."""
+    import threading
+
+    with Router(sharded, listen=False, min_size=1, max_size=1, pool_timeout=3) as r:
+        errors: list[BaseException] = []
+
+        def worker(k: int) -> None:
+            try:
+                for n in range(25):
+                    r.run(5, insert(5, f"{k}-{n}"))
+                    if n % 10 == 0:
+                        r.invalidate()  # the map re-read needs the same connection
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == [], errors
+    assert count(sharded.dsn("db2"), "shard_5") == 100

@@ -54,7 +54,7 @@ class Units:
     @contextmanager
     def transaction(self, shard: int, *, read_only: bool = False) -> Iterator[psycopg.Connection[Any]]:
         route = self.maps.get().route(shard)
-        with self.pools.lend(route.database) as conn:
+        with self.pools.connection(route.database) as conn:
             conn.begin_unit(self.claim_for(shard, read_only))
             committing = False
             try:
