@@ -60,6 +60,12 @@ def policy_for(config: Config, name: str, application_name: str) -> Policy:
     return Policy(pooler=pooler, prepare=prepare)
 
 
+def _waiting(pool: ConnectionPool) -> bool:
+    """Whether a client waits in pool.getconn (psycopg_pool's queue of them; its stats, when that is not there)."""
+    queue = getattr(pool, "_waiting", None)
+    return bool(queue) if queue is not None else bool(pool.get_stats().get("requests_waiting"))
+
+
 class Pools:
     """The router's pools, opened on first use of each database."""
 
@@ -98,8 +104,7 @@ class Pools:
         try:
             yield conn
         finally:
-            if (not self._closed and not conn.closed and conn.pgconn.transaction_status == IDLE
-                    and not pool.get_stats().get("requests_waiting")):
+            if not self._closed and not conn.closed and conn.pgconn.transaction_status == IDLE and not _waiting(pool):
                 self._idle[name].append(conn)
             else:
                 pool.putconn(conn)
