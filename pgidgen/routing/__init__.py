@@ -38,12 +38,13 @@ together).
 """
 from __future__ import annotations
 
+from .asyncrouter import AsyncRouter
 from .keys import ShardKey, hashed, modulo, shard_of_id
 from .mapcache import Route, RoutingMap, build_routes, read_catalogs
 from .router import APPLICATION_NAME, Router, locate
 from .unit import MOVE_SYMPTOMS, NOT_SERVED
 
 __all__ = [
-    "APPLICATION_NAME", "MOVE_SYMPTOMS", "NOT_SERVED", "Route", "Router", "RoutingMap", "ShardKey",
+    "APPLICATION_NAME", "AsyncRouter", "MOVE_SYMPTOMS", "NOT_SERVED", "Route", "Router", "RoutingMap", "ShardKey",
     "build_routes", "hashed", "locate", "modulo", "read_catalogs", "shard_of_id",
 ]
