@@ -37,8 +37,10 @@ def test_a_single_statement_unit_is_two_round_trips(sharded: Config) -> None:
         trips = round_trips(conn, lambda: r.run(2, insert(2, "traced")))
         assert [t.split()[0] for t in trips] == ["Sync", "Query"], trips
         assert trips[1].endswith('"COMMIT"')
-        reads = round_trips(conn, lambda: r.run(2, lambda c: c.execute("SELECT count(*) FROM items").fetchone(), read_only=True))
+        reads = round_trips(conn, lambda: r.run(2, lambda c: c.execute("SELECT count(*) FROM items WHERE k = %s", (2,)).fetchone(), read_only=True))
         assert [t.split()[0] for t in reads] == ["Sync", "Query"], reads
+        bare = round_trips(conn, lambda: r.run(2, lambda c: c.execute("SELECT count(*) FROM items").fetchone(), read_only=True))
+        assert len(bare) == 2 and bare[0].startswith('Query  "BEGIN; SELECT pgidgen.claim_shard(2, false)'), bare
     with psycopg.connect(sharded.dsn("db1")) as plain:
         plain_trips = round_trips(plain, lambda: (plain.execute("INSERT INTO shard_2.items (k) VALUES (2)"), plain.commit()))
     assert len(plain_trips) == 3 and plain_trips[0].endswith('"BEGIN"'), plain_trips
@@ -111,3 +113,18 @@ def test_threads_share_one_connection_without_waiting_for_the_timeout(sharded: C
             t.join(60)
         assert errors == [], errors
     assert count(sharded.dsn("db2"), "shard_5") == 100
+
+
+def test_a_first_statement_without_parameters_may_hold_several(router: Router, sharded: Config) -> None:
+    """As on a plain psycopg connection (the simple protocol): BEGIN, the claim and the statements in one message;
+    the cursor shows the statements' results, not the claim's."""
+    with router.transaction(6) as conn:
+        cur = conn.execute("INSERT INTO items (k, note) VALUES (6, 'a'); SELECT note FROM items")
+        assert cur.statusmessage == "INSERT 0 1" and cur.nextset() and cur.fetchall() == [("a",)]
+        assert conn.execute("SHOW search_path").fetchone() == ('"shard_6", "public"',)
+    router.route(7)
+    hand_move(sharded, 7, "db2", "db1")
+    with pytest.raises(ShardMovedError):
+        with router.transaction(7) as conn:
+            conn.execute("INSERT INTO items (k) VALUES (7)")
+    assert count(sharded.dsn("db1"), "shard_7") == 0

@@ -38,7 +38,7 @@ def _fast_path_available() -> bool:
     anything missing and every statement takes the generic path (the claim a round trip of its own)."""
     needed = (hasattr(psycopg.Cursor, n) for n in ("_convert_query", "_check_results", "_set_results", "_start_query"))
     needed = (*needed, hasattr(Prepare, "SHOULD"))
-    return all(needed) and hasattr(generators, "send") and hasattr(generators, "fetch_many") and psycopg.Pipeline.is_supported()
+    return all(needed) and all(hasattr(generators, n) for n in ("send", "fetch_many", "execute")) and psycopg.Pipeline.is_supported()
 
 
 class ClaimingCursor(psycopg.Cursor[Any]):
@@ -66,6 +66,17 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: bytes, prepar
     self._query = pgq
     fmt = self.format if binary is None else (pq.Format.BINARY if binary else pq.Format.TEXT)
     pgconn = self._pgconn
+    if not pgq.params and fmt == pq.Format.TEXT:
+        # no parameters: psycopg sends such a query as a simple one (it may hold several statements); so do we,
+        # behind BEGIN and the claim in the same message
+        pgconn.send_query(b"BEGIN; " + claim + b"; " + pgq.query)
+        results = yield from generators.execute(pgconn)
+        head, results = results[:2], results[2:]
+        _raise_first(head, pgconn)
+        self._check_results(results)
+        self._set_results(results)
+        self._last_query = query
+        return
     prepared = self._conn._prepared
     prep, name = prepared.get(pgq, prepare)
     pgconn.enter_pipeline_mode()
@@ -96,15 +107,19 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: bytes, prepar
                 raise
     if key is not None:
         prepared.validate(key, prep, name, results)
-    for res in head:
-        if res.status == pq.ExecStatus.FATAL_ERROR:
-            if prep is Prepare.SHOULD:
-                prepared.clear()  # the statement may not have been prepared after all: start over
-            raise e.error_from_result(res, encoding=pgconn._encoding)
+    if prep is Prepare.SHOULD and any(res.status == pq.ExecStatus.FATAL_ERROR for res in head):
+        prepared.clear()  # the statement may not have been prepared after all: start over
+    _raise_first(head, pgconn)
     self._check_results(results)
     self._set_results(results)
     self._last_query = query
     yield from prepared.maintain_gen(self._conn)
+
+
+def _raise_first(results: list[Any], pgconn: Any) -> None:
+    for res in results:
+        if res.status == pq.ExecStatus.FATAL_ERROR:
+            raise e.error_from_result(res, encoding=pgconn._encoding)
 
 
 FAST = _fast_path_available()
