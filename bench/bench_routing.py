@@ -1,9 +1,11 @@
-"""routing: a write and a read through Router.run (claim_shard + search_path, pooled) vs the same SQL on a plain
-psycopg connection to the right database; 1 and 4 threads on one shard (the row lock is shared by all writers);
-and re-reading the map after a move, against the full catalog read of `pgidgen map`."""
+"""routing: a write and a read through Router.run (claim_shard + search_path with the first statement, pooled) vs
+the same SQL on a plain psycopg connection to the right database, direct and through PgBouncer (transaction mode);
+1 and 4 threads on one shard (the row lock is shared by all writers); and re-reading the map after a move,
+against the full catalog read of `pgidgen map`."""
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import threading
 import time
@@ -13,6 +15,7 @@ import psycopg
 
 from common import row, section, servers, timed
 
+from pgidgen import pgbouncer, sandbox
 from pgidgen.config import Config
 from pgidgen.init import init
 from pgidgen.layout import Layout
@@ -53,6 +56,49 @@ def per_op(threads: int, n: int, op_factory: Callable[[], Callable[[int], Any]])
     return (time.perf_counter() - t0) / (threads * n) * 1e6
 
 
+def compare(label: str, config: Config, plain_dsn: str, some_id: int, **plain_kwargs: Any) -> None:
+    """Router.run (claim with the first statement, pooled) against plain psycopg (a connection per thread, the
+    table schema-qualified, execute + commit) on the same statement."""
+
+    def plain(sql_text: str, arg: Callable[[int], int]) -> Callable[[], Callable[[int], Any]]:
+        def factory() -> Callable[[int], Any]:
+            conn = psycopg.connect(plain_dsn, **plain_kwargs)
+            return lambda i: (conn.execute(sql_text, (arg(i),)).fetchone(), conn.commit())
+
+        return factory
+
+    plain_writer = plain(INSERT.replace("items", "shard_5.items"), lambda i: i)
+    plain_reader = plain(SELECT.replace("items", "shard_5.items"), lambda i: some_id)
+    with Router(config, min_size=THREADS, max_size=THREADS) as router:
+        router.run(5, lambda c: None)  # warm: map loaded, pool open
+
+        def routed_writer() -> Callable[[int], Any]:
+            return lambda i: router.run(5, lambda c: c.execute(INSERT, (i,)).fetchone())
+
+        def routed_reader() -> Callable[[int], Any]:
+            return lambda i: router.run(5, lambda c: c.execute(SELECT, (some_id,)).fetchone(), read_only=True)
+
+        section(f"{label}: one INSERT ... RETURNING id or one SELECT by id per transaction, shard 5: 1 thread median latency, {THREADS} threads wall/op (us, median of {ROUNDS} rounds)")
+        for threads in (1, THREADS):
+            samples: dict[str, list[float]] = {"bw": [], "rw": [], "br": [], "rr": []}
+            for _ in range(ROUNDS):  # interleaved, medians: the machine is shared and noisy
+                samples["bw"].append(per_op(threads, N, plain_writer))
+                samples["rw"].append(per_op(threads, N, routed_writer))
+                samples["br"].append(per_op(threads, N, plain_reader))
+                samples["rr"].append(per_op(threads, N, routed_reader))
+            base_w, routed_w, base_r, routed_r = (statistics.median(samples[k]) for k in ("bw", "rw", "br", "rr"))
+            row(f"{threads} thread(s): plain psycopg write", base_w, "us")
+            row(f"{threads} thread(s): Router.run write", routed_w, "us", base_w, "of plain")
+            row(f"{threads} thread(s): plain psycopg read", base_r, "us")
+            row(f"{threads} thread(s): Router.run read_only", routed_r, "us", base_r, "of plain")
+        if label == "direct":
+
+            def routed_locate() -> Callable[[int], Any]:
+                return lambda i: router.database_for(router.shard_for(i))
+
+            row("shard_for + database_for (cached map)", per_op(1, N * 10, routed_locate), "us")
+
+
 def run() -> None:
     with servers(1) as srv:
         config = Config(layout=Layout.make(), databases={"db1": srv[0].dsn})
@@ -61,41 +107,19 @@ def run() -> None:
             conn.execute("SET search_path = shard_5")
             conn.execute("CREATE TABLE items (id bigint PRIMARY KEY DEFAULT next_id(), k bigint NOT NULL)")
             some_id = conn.execute(INSERT, (0,)).fetchone()[0]  # type: ignore[index]
-
-        def plain_writer() -> Callable[[int], Any]:
-            conn = psycopg.connect(srv[0].dsn, options="-c search_path=shard_5")
-            return lambda i: (conn.execute(INSERT, (i,)).fetchone(), conn.commit())
-
-        def plain_reader() -> Callable[[int], Any]:
-            conn = psycopg.connect(srv[0].dsn, options="-c search_path=shard_5")
-            return lambda i: (conn.execute(SELECT, (some_id,)).fetchone(), conn.commit())
-
-        with Router(config, min_size=THREADS, max_size=THREADS) as router:
-            router.run(5, lambda c: None)  # warm: map loaded, pool open
-
-            def routed_writer() -> Callable[[int], Any]:
-                return lambda i: router.run(5, lambda c: c.execute(INSERT, (i,)).fetchone())
-
-            def routed_reader() -> Callable[[int], Any]:
-                return lambda i: router.run(5, lambda c: c.execute(SELECT, (some_id,)).fetchone(), read_only=True)
-
-            def routed_locate() -> Callable[[int], Any]:
-                return lambda i: router.database_for(router.shard_for(i))
-
-            section(f"one INSERT ... RETURNING id or one SELECT by id per transaction, shard 5: 1 thread median latency, {THREADS} threads wall/op (us, median of {ROUNDS} rounds)")
-            for threads in (1, THREADS):
-                samples: dict[str, list[float]] = {"bw": [], "rw": [], "br": [], "rr": []}
-                for _ in range(ROUNDS):  # interleaved, medians: the machine is shared and noisy
-                    samples["bw"].append(per_op(threads, N, plain_writer))
-                    samples["rw"].append(per_op(threads, N, routed_writer))
-                    samples["br"].append(per_op(threads, N, plain_reader))
-                    samples["rr"].append(per_op(threads, N, routed_reader))
-                base_w, routed_w, base_r, routed_r = (statistics.median(samples[k]) for k in ("bw", "rw", "br", "rr"))
-                row(f"{threads} thread(s): plain psycopg write", base_w, "us")
-                row(f"{threads} thread(s): Router.run write (claim FOR SHARE)", routed_w, "us", base_w, "of plain")
-                row(f"{threads} thread(s): plain psycopg read", base_r, "us")
-                row(f"{threads} thread(s): Router.run read_only", routed_r, "us", base_r, "of plain")
-            row("shard_for + database_for (cached map)", per_op(1, N * 10, routed_locate), "us")
+        compare("direct", config, srv[0].dsn, some_id)
+        if pgbouncer.find() is None:
+            section("through PgBouncer: skipped, pgbouncer is not installed (make deps installs it)")
+        else:
+            root = sandbox.make_root()
+            bouncer = pgbouncer.start(root, {"db1": srv[0].dsn}, mode="transaction")
+            try:
+                pooled = Config(layout=config.layout, databases={"db1": srv[0].dsn}, app_dsns={"db1": bouncer.dsn("db1")})
+                # plain psycopg behind a transaction pooler must not prepare statements either
+                compare("through PgBouncer (transaction mode)", pooled, bouncer.dsn("db1"), some_id, prepare_threshold=None)
+            finally:
+                bouncer.stop()
+                shutil.rmtree(root, ignore_errors=True)
 
         section(f"re-reading the map after a move: {BIG} shards on one database, median of {ROUNDS * 3} (ms)")
         big = Config(layout=Layout.make(), databases={"db1": srv[0].dsn.rsplit("/", 1)[0] + "/big"})

@@ -49,7 +49,7 @@ class SandboxError(PgidgenError):
 
 
 class RoutingError(PgidgenError):
-    """A key, an ID or a shard cannot be routed to a database (see pgidgen/routing.py)."""
+    """A key, an ID or a shard cannot be routed to a database (see pgidgen/routing/)."""
 
     #: True when the same work may succeed if retried shortly (a move is flipping the map).
     retryable = False

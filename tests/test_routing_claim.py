@@ -37,8 +37,10 @@ def test_a_single_statement_unit_is_two_round_trips(sharded: Config) -> None:
         trips = round_trips(conn, lambda: r.run(2, insert(2, "traced")))
         assert [t.split()[0] for t in trips] == ["Sync", "Query"], trips
         assert trips[1].endswith('"COMMIT"')
-        reads = round_trips(conn, lambda: r.run(2, lambda c: c.execute("SELECT count(*) FROM items").fetchone(), read_only=True))
+        reads = round_trips(conn, lambda: r.run(2, lambda c: c.execute("SELECT count(*) FROM items WHERE k = %s", (2,)).fetchone(), read_only=True))
         assert [t.split()[0] for t in reads] == ["Sync", "Query"], reads
+        bare = round_trips(conn, lambda: r.run(2, lambda c: c.execute("SELECT count(*) FROM items").fetchone(), read_only=True))
+        assert len(bare) == 2 and bare[0].startswith('Query  "BEGIN; SELECT pgidgen.claim_shard(2, false)'), bare
     with psycopg.connect(sharded.dsn("db1")) as plain:
         plain_trips = round_trips(plain, lambda: (plain.execute("INSERT INTO shard_2.items (k) VALUES (2)"), plain.commit()))
     assert len(plain_trips) == 3 and plain_trips[0].endswith('"BEGIN"'), plain_trips
@@ -84,3 +86,45 @@ def test_no_commit_inside_a_unit_and_a_failed_claim_runs_nothing(router: Router,
         with router.transaction(3) as conn:  # the stale route: the claim fails in the same pipeline as the INSERT
             conn.execute("INSERT INTO items (k) VALUES (3)")
     assert count(sharded.dsn("db1"), retired) == 0 and count(sharded.dsn("db3"), "shard_3") == 0
+
+
+def test_threads_share_one_connection_without_waiting_for_the_timeout(sharded: Config) -> None:
+    """A unit gives its connection back to the router's idle list (reused warm); other threads, and map re-reads,
+    take it from there or from the pool, never waiting out pool_timeout while it sits idle (a wait as long as
+    pool_timeout would fail the unit with DatabaseError)."""
+    import threading
+
+    with Router(sharded, listen=False, min_size=1, max_size=1, pool_timeout=3) as r:
+        errors: list[BaseException] = []
+
+        def worker(k: int) -> None:
+            try:
+                for n in range(25):
+                    r.run(5, insert(5, f"{k}-{n}"))
+                    if n % 10 == 0:
+                        r.invalidate()  # the map re-read needs the same connection
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == [], errors
+    assert count(sharded.dsn("db2"), "shard_5") == 100
+
+
+def test_a_first_statement_without_parameters_may_hold_several(router: Router, sharded: Config) -> None:
+    """As on a plain psycopg connection (the simple protocol): BEGIN, the claim and the statements in one message;
+    the cursor shows the statements' results, not the claim's."""
+    with router.transaction(6) as conn:
+        cur = conn.execute("INSERT INTO items (k, note) VALUES (6, 'a'); SELECT note FROM items")
+        assert cur.statusmessage == "INSERT 0 1" and cur.nextset() and cur.fetchall() == [("a",)]
+        assert conn.execute("SHOW search_path").fetchone() == ('"shard_6", "public"',)
+    router.route(7)
+    hand_move(sharded, 7, "db2", "db1")
+    with pytest.raises(ShardMovedError):
+        with router.transaction(7) as conn:
+            conn.execute("INSERT INTO items (k) VALUES (7)")
+    assert count(sharded.dsn("db1"), "shard_7") == 0

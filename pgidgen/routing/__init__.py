@@ -28,18 +28,23 @@ before it blocks the shard's tables, the same order as routed transactions; in t
 caught between the two would be cancelled by the deadlock detector (still nothing written in the wrong place).
 Reads (read_only=True) skip the row lock: a read that overlaps the flip reads the old copy as of the flip.
 
+The claim costs no round trip of its own: it leaves in one pipeline with the work's first statement
+(claiming.py), in the same order, so the argument above holds unchanged.
+
 The package, a part per concern: keys.py (keys and IDs to shards), mapcache.py (the map, its reads, LISTEN and
-polling), pools.py (the connection policy and pools), unit.py (the claimed unit of work and its retries),
-router.py (the Router that puts them together).
+polling), pools.py (the connection policy, e.g. behind PgBouncer, and the pools), claiming.py (the pools'
+connection class), unit.py (the claimed unit of work and its retries), router.py (the Router that puts them
+together).
 """
 from __future__ import annotations
 
+from .asyncrouter import AsyncRouter
 from .keys import ShardKey, hashed, modulo, shard_of_id
 from .mapcache import Route, RoutingMap, build_routes, read_catalogs
 from .router import APPLICATION_NAME, Router, locate
 from .unit import MOVE_SYMPTOMS, NOT_SERVED
 
 __all__ = [
-    "APPLICATION_NAME", "MOVE_SYMPTOMS", "NOT_SERVED", "Route", "Router", "RoutingMap", "ShardKey",
+    "APPLICATION_NAME", "AsyncRouter", "MOVE_SYMPTOMS", "NOT_SERVED", "Route", "Router", "RoutingMap", "ShardKey",
     "build_routes", "hashed", "locate", "modulo", "read_catalogs", "shard_of_id",
 ]

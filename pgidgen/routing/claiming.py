@@ -10,11 +10,13 @@ before, so is the guarantee: nothing of the work runs before the claim, and if t
 aborts the statements after it."""
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, AsyncIterator, Iterator
 
 import psycopg
-from psycopg import sql
+from psycopg import errors as e
+from psycopg import generators, pq, sql
+from psycopg._preparing import Prepare
 
 IN_UNIT = "commit() and rollback() are not allowed inside a Router unit of work: it commits when the block ends"
 
@@ -31,25 +33,103 @@ def claim_sql(shard: int, search_path: str, read_only: bool) -> bytes:
     return q.format(sql.Literal(shard), sql.Literal(search_path)).as_string(None).encode("utf-8")
 
 
+def _fast_path_available() -> bool:
+    """The one-round-trip path drives libpq's pipeline directly with a few of psycopg's cursor internals (3.1+);
+    anything missing and every statement takes the generic path (the claim a round trip of its own)."""
+    needed = (hasattr(psycopg.Cursor, n) for n in ("_convert_query", "_check_results", "_set_results", "_start_query"))
+    needed = (*needed, hasattr(Prepare, "SHOULD"))
+    return all(needed) and all(hasattr(generators, n) for n in ("send", "fetch_many", "execute")) and psycopg.Pipeline.is_supported()
+
+
 class ClaimingCursor(psycopg.Cursor[Any]):
     def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None) -> ClaimingCursor:
         conn = self._conn
-        if getattr(conn, "pending_claim", None) is None or conn._pipeline is not None:
+        claim = getattr(conn, "pending_claim", None)
+        if claim is None or conn._pipeline is not None or not FAST:
             super().execute(query, params, prepare=prepare, binary=binary)
             return self
-        with conn.pipeline():  # BEGIN, the claim (queued by _start_query) and this statement: one round trip
-            super().execute(query, params, prepare=prepare, binary=binary)
+        conn.pending_claim = None
+        try:
+            with conn.lock:
+                conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary))
+        except e._NO_TRACEBACK as ex:
+            raise ex.with_traceback(None)
         return self
 
 
-class ClaimingConnection(psycopg.Connection[Any]):
-    """An autocommit connection that, between begin_unit() and end_unit(), opens its transaction with the claim."""
+def claimed_execute_gen(self: Any, query: Any, params: Any, claim: bytes, prepare: bool | None, binary: bool | None) -> Any:
+    """BEGIN, the claim and the statement in one pipeline and one network write; the results in one read.
+    psycopg's own pipeline sends each command on its own and costs more than the round trip it saves.
+    self: a psycopg Cursor or AsyncCursor (the generator is psycopg's way to serve both)."""
+    yield from self._start_query(query)
+    pgq = self._convert_query(query, params)
+    self._query = pgq
+    fmt = self.format if binary is None else (pq.Format.BINARY if binary else pq.Format.TEXT)
+    pgconn = self._pgconn
+    if not pgq.params and fmt == pq.Format.TEXT:
+        # no parameters: psycopg sends such a query as a simple one (it may hold several statements); so do we,
+        # behind BEGIN and the claim in the same message
+        pgconn.send_query(b"BEGIN; " + claim + b"; " + pgq.query)
+        results = yield from generators.execute(pgconn)
+        head, results = results[:2], results[2:]
+        _raise_first(head, pgconn)
+        self._check_results(results)
+        self._set_results(results)
+        self._last_query = query
+        return
+    prepared = self._conn._prepared
+    prep, name = prepared.get(pgq, prepare)
+    pgconn.enter_pipeline_mode()
+    done = False
+    try:
+        pgconn.send_query_params(b"BEGIN", None)
+        pgconn.send_query_params(claim, None)
+        if prep is Prepare.NO:
+            pgconn.send_query_params(pgq.query, pgq.params, param_formats=pgq.formats, param_types=pgq.types, result_format=fmt)
+        else:
+            if prep is Prepare.SHOULD:
+                pgconn.send_prepare(name, pgq.query, param_types=pgq.types)
+            pgconn.send_query_prepared(name, pgq.params, param_formats=pgq.formats, result_format=fmt)
+        key = prepared.maybe_add_to_cache(pgq, prep, name)
+        pgconn.pipeline_sync()
+        yield from generators.send(pgconn)
+        head = (yield from generators.fetch_many(pgconn)) + (yield from generators.fetch_many(pgconn))
+        if prep is Prepare.SHOULD:
+            head += yield from generators.fetch_many(pgconn)
+        results = yield from generators.fetch_many(pgconn)
+        yield from generators.fetch_many(pgconn)  # the sync
+        done = True
+    finally:
+        try:
+            pgconn.exit_pipeline_mode()
+        except psycopg.Error:
+            if done:
+                raise
+    if key is not None:
+        prepared.validate(key, prep, name, results)
+    if prep is Prepare.SHOULD and any(res.status == pq.ExecStatus.FATAL_ERROR for res in head):
+        prepared.clear()  # the statement may not have been prepared after all: start over
+    _raise_first(head, pgconn)
+    self._check_results(results)
+    self._set_results(results)
+    self._last_query = query
+    yield from prepared.maintain_gen(self._conn)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.cursor_factory = ClaimingCursor
-        self.pending_claim: bytes | None = None
-        self.in_unit = False
+
+def _raise_first(results: list[Any], pgconn: Any) -> None:
+    for res in results:
+        if res.status == pq.ExecStatus.FATAL_ERROR:
+            raise e.error_from_result(res, encoding=pgconn._encoding)
+
+
+FAST = _fast_path_available()
+
+
+class _Unit:
+    """What the sync and async connection classes share: the claim held back until the first statement."""
+
+    pending_claim: bytes | None = None
+    in_unit = False
 
     def begin_unit(self, claim: bytes) -> None:
         self.pending_claim = claim
@@ -65,11 +145,19 @@ class ClaimingConnection(psycopg.Connection[Any]):
     def _start_query(self) -> Any:  # psycopg's generator that every statement starts with
         claim = self.pending_claim
         if claim is None:
-            return (yield from super()._start_query())
+            return (yield from super()._start_query())  # type: ignore[misc]
         self.pending_claim = None
-        yield from self._exec_command(b"BEGIN")
-        yield from self._exec_command(claim)
+        yield from self._exec_command(b"BEGIN")  # type: ignore[attr-defined]
+        yield from self._exec_command(claim)  # type: ignore[attr-defined]
         return None
+
+
+class ClaimingConnection(_Unit, psycopg.Connection[Any]):
+    """An autocommit connection that, between begin_unit() and end_unit(), opens its transaction with the claim."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cursor_factory = ClaimingCursor
 
     def claim_now(self) -> None:
         if self.pending_claim is not None:
@@ -92,3 +180,48 @@ class ClaimingConnection(psycopg.Connection[Any]):
         if self.in_unit:
             raise psycopg.ProgrammingError(IN_UNIT)
         super().rollback()
+
+
+class AsyncClaimingCursor(psycopg.AsyncCursor[Any]):
+    async def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None) -> AsyncClaimingCursor:
+        conn = self._conn
+        claim = getattr(conn, "pending_claim", None)
+        if claim is None or conn._pipeline is not None or not FAST:
+            await super().execute(query, params, prepare=prepare, binary=binary)
+            return self
+        conn.pending_claim = None
+        try:
+            async with conn.lock:
+                await conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary))
+        except e._NO_TRACEBACK as ex:
+            raise ex.with_traceback(None)
+        return self
+
+
+class AsyncClaimingConnection(_Unit, psycopg.AsyncConnection[Any]):
+    """ClaimingConnection for asyncio (AsyncRouter)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cursor_factory = AsyncClaimingCursor
+
+    async def claim_now(self) -> None:
+        if self.pending_claim is not None:
+            async with self.lock:
+                await self.wait(self._start_query())
+
+    @asynccontextmanager
+    async def transaction(self, savepoint_name: str | None = None, force_rollback: bool = False) -> AsyncIterator[psycopg.AsyncTransaction]:
+        await self.claim_now()
+        async with super().transaction(savepoint_name, force_rollback) as tx:
+            yield tx
+
+    async def commit(self) -> None:
+        if self.in_unit:
+            raise psycopg.ProgrammingError(IN_UNIT)
+        await super().commit()
+
+    async def rollback(self) -> None:
+        if self.in_unit:
+            raise psycopg.ProgrammingError(IN_UNIT)
+        await super().rollback()

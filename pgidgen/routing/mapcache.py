@@ -225,10 +225,10 @@ class MapCache:
         """The current snapshot, re-read first if a move announced itself, a route was stale, or (max_age)
         a database's pgidgen.map_version moved. While one thread re-reads it, the others keep routing by the
         previous snapshot: the claim, not the map, is what keeps writes in the right place."""
-        m = self._map
-        age = self._age
-        if m is not None and not self._stale and (age is None or time.monotonic() - m.loaded_at < age):
+        m = self.peek()
+        if m is not None:
             return m
+        m = self._map
         if not self._lock.acquire(blocking=m is None):
             return m  # type: ignore[return-value]  # m is not None here: someone else is re-reading
         try:
@@ -256,6 +256,14 @@ class MapCache:
             return m
         finally:
             self._lock.release()
+
+    def peek(self) -> RoutingMap | None:
+        """The snapshot when it needs no reading first (what get() returns without I/O), else None."""
+        m = self._map
+        age = self._age
+        if m is not None and not self._stale and (age is None or time.monotonic() - m.loaded_at < age):
+            return m
+        return None
 
     def _map_connection(self, name: str) -> AbstractContextManager[psycopg.Connection[Any]]:
         m = self._map

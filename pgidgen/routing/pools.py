@@ -10,17 +10,21 @@ server, unless the config says the pooler keeps them per client (prepared_statem
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..config import Config, describe_dsn
 from ..db import CONNECT_TIMEOUT, pg_message
 from ..errors import DatabaseError, RoutingError
 from .claiming import ClaimingConnection
+
+IDLE = TransactionStatus.IDLE
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,12 @@ def policy_for(config: Config, name: str, application_name: str) -> Policy:
     return Policy(pooler=pooler, prepare=prepare)
 
 
+def _waiting(pool: ConnectionPool) -> bool:
+    """Whether a client waits in pool.getconn (psycopg_pool's queue of them; its stats, when that is not there)."""
+    queue = getattr(pool, "_waiting", None)
+    return bool(queue) if queue is not None else bool(pool.get_stats().get("requests_waiting"))
+
+
 class Pools:
     """The router's pools, opened on first use of each database."""
 
@@ -68,11 +78,13 @@ class Pools:
         self.policies: dict[str, Policy] = {}
         self._lock = threading.Lock()
         self._pools: dict[str, ConnectionPool] = {}
+        self._idle: dict[str, list[ClaimingConnection]] = {name: [] for name in config.databases}
         self._closed = False
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            self._release_idle()
             pools, self._pools = list(self._pools.values()), {}
         for p in pools:
             p.close()
@@ -84,16 +96,43 @@ class Pools:
         return p
 
     @contextmanager
-    def connection(self, name: str) -> Iterator[psycopg.Connection[Any]]:
+    def connection(self, name: str) -> Iterator[ClaimingConnection]:
+        """A pooled autocommit connection: the one this database's last unit of work gave back, if idle (its
+        server process warm, its statements prepared), else one from psycopg_pool (which hands them out in turn)."""
         pool = self._pools.get(name) or self._open(name)
+        conn = self._borrow(name, pool)
         try:
-            with pool.connection(timeout=self.timeout) as conn:
-                yield conn
-        except PoolTimeout:
-            raise DatabaseError(
-                f"no connection to database {name} ({describe_dsn(self.config.app_dsn(name))}) within {self.timeout:g}s",
-                hint="check that the server is running and accepts connections, or raise max_size",
-            ) from None
+            yield conn
+        finally:
+            if not self._closed and not conn.closed and conn.pgconn.transaction_status == IDLE and not _waiting(pool):
+                self._idle[name].append(conn)
+            else:
+                pool.putconn(conn)
+            if self._closed:
+                self._release_idle()
+
+    def _borrow(self, name: str, pool: ConnectionPool) -> ClaimingConnection:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return self._idle[name].pop()  # type: ignore[no-any-return]
+            except IndexError:
+                pass
+            try:  # a short wait, then the idle list again: one may have come back there meanwhile
+                return pool.getconn(timeout=max(0.001, min(0.05, deadline - time.monotonic())))  # type: ignore[return-value]
+            except PoolTimeout:
+                if time.monotonic() >= deadline:
+                    raise self._timeout(name) from None
+
+    def _release_idle(self) -> None:
+        for name, idle in list(self._idle.items()):
+            pool = self._pools.get(name)
+            while idle:
+                conn = idle.pop()
+                if pool is not None:
+                    pool.putconn(conn)
+                else:
+                    conn.close()
 
     @contextmanager
     def fresh(self, name: str) -> Iterator[psycopg.Connection[Any]]:
@@ -108,6 +147,12 @@ class Pools:
             ) from None
         with conn:
             yield conn
+
+    def _timeout(self, name: str) -> DatabaseError:
+        return DatabaseError(
+            f"no connection to database {name} ({describe_dsn(self.config.app_dsn(name))}) within {self.timeout:g}s",
+            hint="check that the server is running and accepts connections, or raise max_size",
+        )
 
     def _open(self, name: str) -> ConnectionPool:
         policy = self.policy(name)  # before the lock: it may connect

@@ -16,9 +16,9 @@ IDLE = TransactionStatus.IDLE
 
 from ..config import Config, describe_dsn
 from ..db import pg_message
-from ..errors import DatabaseError, PgidgenError, ShardMovedError, ShardUnavailableError
+from ..errors import DatabaseError, PgidgenError, RoutingError, ShardMovedError, ShardUnavailableError
 from ..idgen import schema_name
-from .claiming import ClaimingConnection, claim_sql
+from .claiming import claim_sql
 from .mapcache import SERVING, MapCache, Route
 from .pools import Pools
 
@@ -55,7 +55,6 @@ class Units:
     def transaction(self, shard: int, *, read_only: bool = False) -> Iterator[psycopg.Connection[Any]]:
         route = self.maps.get().route(shard)
         with self.pools.connection(route.database) as conn:
-            assert isinstance(conn, ClaimingConnection)
             conn.begin_unit(self.claim_for(shard, read_only))
             committing = False
             try:
@@ -97,43 +96,15 @@ class Units:
                 with self.transaction(shard, read_only=read_only) as conn:
                     return work(conn)
             except (ShardMovedError, ShardUnavailableError) as e:
-                stale = e.database if isinstance(e, ShardMovedError) else None
-                self.maps.invalidate()
-                if time.monotonic() >= deadline:
-                    raise
-                self.stats["retries"] += 1
-                try:
-                    again = self.maps.get().route(shard).database == stale
-                except ShardUnavailableError:
-                    again = True
-                if again:  # the map has not caught up with the move yet: wait for it
-                    time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-                    delay = min(delay * 2, 0.25)
+                wait, delay = next_try(self, shard, e, deadline, delay)
+                if wait:
+                    time.sleep(wait)
 
     def _diagnose(self, conn: psycopg.Connection[Any], route: Route, e: psycopg.Error) -> PgidgenError | None:
         """The error to raise instead of e, if e means the shard is not (or no longer) served there."""
-        state = getattr(e, "sqlstate", None)
-        where = f"{route.database}, {describe_dsn(self.config.app_dsn(route.database))}"
-        if state == "42883" and "claim_shard" in (getattr(e.diag, "message_primary", None) or ""):
-            return DatabaseError(
-                f"database {route.database} has a pgidgen catalog without pgidgen.claim_shard()",
-                where=where,
-                hint="upgrade it: run pgidgen's sql/catalog.sql there (idempotent)",
-            )
-        if state not in MOVE_SYMPTOMS:
-            return None
-        served = state != NOT_SERVED and self._still_serves(conn, route)
-        if served:
-            return None
-        self.maps.invalidate()
-        self.stats["moved"] += 1
-        return ShardMovedError(
-            f"database {route.database} no longer serves shard {route.shard}; nothing was written there",
-            shard=route.shard,
-            database=route.database,
-            where=where,
-            hint="the shard moved: Router.run retries on the database that serves it now",
-        )
+        if not needs_row(e):
+            return verdict(self, route, e, served=False)
+        return verdict(self, route, e, served=self._still_serves(conn, route))
 
     def _still_serves(self, conn: psycopg.Connection[Any], route: Route) -> bool:
         """The database's own row, read again after the failed transaction (not the cached map)."""
@@ -147,3 +118,50 @@ class Units:
         except (psycopg.Error, PgidgenError):
             return True  # cannot tell: report the original error, not a move
         return row is not None and row[0] in SERVING
+
+
+def needs_row(e: psycopg.Error) -> bool:
+    """Whether e may be a move's doing but only the database's own row of the shard can tell."""
+    state = getattr(e, "sqlstate", None)
+    return state in MOVE_SYMPTOMS and state != NOT_SERVED
+
+
+def verdict(units: Any, route: Route, e: psycopg.Error, *, served: bool) -> PgidgenError | None:
+    """The error to raise instead of e (None: e itself), served: the row says the database still serves it.
+    units: Units or AsyncUnits (config, maps, stats)."""
+    state = getattr(e, "sqlstate", None)
+    where = f"{route.database}, {describe_dsn(units.config.app_dsn(route.database))}"
+    if state == "42883" and "claim_shard" in (getattr(e.diag, "message_primary", None) or ""):
+        return DatabaseError(
+            f"database {route.database} has a pgidgen catalog without pgidgen.claim_shard()",
+            where=where,
+            hint="upgrade it: run pgidgen's sql/catalog.sql there (idempotent)",
+        )
+    if state not in MOVE_SYMPTOMS or served:
+        return None
+    units.maps.invalidate()
+    units.stats["moved"] += 1
+    return ShardMovedError(
+        f"database {route.database} no longer serves shard {route.shard}; nothing was written there",
+        shard=route.shard,
+        database=route.database,
+        where=where,
+        hint="the shard moved: Router.run retries on the database that serves it now",
+    )
+
+
+def next_try(units: Any, shard: int, e: RoutingError, deadline: float, delay: float) -> tuple[float, float]:
+    """After a retryable failure (ShardMovedError, ShardUnavailableError): how long to wait before the next attempt,
+    and the delay after that; e itself once retry_for has passed. units: Units or AsyncUnits."""
+    stale = e.database if isinstance(e, ShardMovedError) else None
+    units.maps.invalidate()
+    if time.monotonic() >= deadline:
+        raise e
+    units.stats["retries"] += 1
+    try:
+        again = units.maps.get().route(shard).database == stale
+    except ShardUnavailableError:
+        again = True
+    if again:  # the map has not caught up with the move yet: wait for it
+        return min(delay, max(0.0, deadline - time.monotonic())), min(delay * 2, 0.25)
+    return 0.0, delay

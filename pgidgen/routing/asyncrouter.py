@@ -1,0 +1,169 @@
+"""AsyncRouter: the Router for asyncio applications, with the same guarantee and the same parts. Units of work
+run on psycopg's async connections and pools (AsyncClaimingConnection: the claim with the first statement); the
+map cache, its LISTEN threads and its rare re-reads are the sync Router's, run off the event loop."""
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from ..config import Config, load_config
+from ..db import pg_message
+from ..errors import RoutingError, ShardMovedError, ShardUnavailableError
+from .claiming import AsyncClaimingConnection
+from .mapcache import SERVING, Route, RoutingMap
+from .router import Router
+from .unit import needs_row, next_try, verdict
+
+T = TypeVar("T")
+IDLE = TransactionStatus.IDLE
+
+
+class AsyncRouter:
+    """Router's API for asyncio: `await router.run(shard, work)` where `work(conn)` is a coroutine function on a
+    psycopg AsyncConnection; `async with router.transaction(shard) as conn:`. Routing (`shard_for`, `shard_of`,
+    `database_for`) is the same as Router's and needs no await. `await router.close()` at the end."""
+
+    def __init__(self, config: Config, *, min_size: int = 1, max_size: int = 4, **options: Any) -> None:
+        """options: Router's (shard_key, search_path, pool_timeout, retry_for, listen, max_age, application_name)."""
+        # the map side: a sync Router whose own pool (one connection a database) only serves map reads
+        self.sync = Router(config, min_size=0, max_size=1, **options)
+        self.config = config
+        self.stats = self.sync.stats
+        self.maps = self.sync.maps
+        self.units = self.sync.units
+        self.min_size = min_size
+        self.max_size = max_size
+        self.pool_timeout = self.sync.pools.timeout
+        self.retry_for = self.units.retry_for
+        self._pools: dict[str, AsyncConnectionPool] = {}
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    def from_config(cls, path: str | None = None, **options: Any) -> AsyncRouter:
+        return cls(load_config(path), **options)
+
+    async def __aenter__(self) -> AsyncRouter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Closes the async pools, then the map side (its listeners and pool)."""
+        await asyncio.gather(*(p.close() for p in self._pools.values()))
+        self._pools = {}
+        await asyncio.to_thread(self.sync.close)
+
+    # -- routing: the sync Router's, the map read off the event loop when it must be read ---------------
+
+    def shard_for(self, key: Any) -> int:
+        return self.sync.shard_for(key)
+
+    def shard_of(self, id_: int) -> int:
+        return self.sync.shard_of(id_)
+
+    async def routing_map(self) -> RoutingMap:
+        return self.maps.peek() or await asyncio.to_thread(self.maps.get)
+
+    async def route(self, shard: int) -> Route:
+        return (await self.routing_map()).route(shard)
+
+    async def database_for(self, shard: int) -> str:
+        return (await self.route(shard)).database
+
+    def invalidate(self) -> None:
+        self.maps.invalidate()
+
+    # -- units of work ---------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def transaction(self, shard: int, *, read_only: bool = False) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """As Router.transaction."""
+        route = await self.route(shard)
+        pool = await self._pool(route.database)
+        try:
+            conn = await pool.getconn(timeout=self.pool_timeout)
+        except PoolTimeout:
+            raise self.sync.pools._timeout(route.database) from None
+        try:
+            conn.begin_unit(self.units.claim_for(shard, read_only))
+            committing = False
+            try:
+                yield conn
+                if conn.end_unit() and conn.pgconn.transaction_status != IDLE:
+                    committing = True
+                    await conn.commit()
+            except BaseException as e:
+                conn.end_unit()
+                if not conn.broken and conn.pgconn.transaction_status != IDLE:
+                    try:
+                        await conn.rollback()
+                    except psycopg.Error:
+                        pass
+                if not isinstance(e, psycopg.Error):
+                    raise
+                if conn.broken and not committing:
+                    raise ShardUnavailableError(
+                        f"the connection to database {route.database} broke before the transaction committed: {pg_message(e)}",
+                        hint="nothing was written; AsyncRouter.run retries with a new connection",
+                    ) from e
+                served = needs_row(e) and await self._still_serves(conn, route)
+                moved = verdict(self.units, route, e, served=served)
+                if moved is None:
+                    raise
+                raise moved from e
+        finally:
+            await pool.putconn(conn)
+
+    async def run(self, shard: int, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *, read_only: bool = False) -> T:
+        """As Router.run: await work(conn) in a claimed transaction, again on the shard's new database after a move."""
+        deadline = time.monotonic() + self.retry_for
+        delay = 0.005
+        while True:
+            try:
+                async with self.transaction(shard, read_only=read_only) as conn:
+                    return await work(conn)
+            except (ShardMovedError, ShardUnavailableError) as e:
+                wait, delay = await asyncio.to_thread(next_try, self.units, shard, e, deadline, delay)
+                if wait:
+                    await asyncio.sleep(wait)
+
+    async def run_for_key(self, key: Any, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *, read_only: bool = False) -> T:
+        return await self.run(self.shard_for(key), work, read_only=read_only)
+
+    async def run_for_id(self, id_: int, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *, read_only: bool = False) -> T:
+        return await self.run(self.shard_of(id_), work, read_only=read_only)
+
+    async def _still_serves(self, conn: psycopg.AsyncConnection[Any], route: Route) -> bool:
+        if conn.broken or conn.closed:
+            return await asyncio.to_thread(self.units._still_serves, conn, route)  # a fresh sync connection
+        try:
+            cur = await conn.execute("SELECT state FROM pgidgen.shards WHERE shard = %s", (route.shard,))
+            row = await cur.fetchone()
+        except psycopg.Error:
+            return True
+        return row is not None and row[0] in SERVING
+
+    async def _pool(self, name: str) -> AsyncConnectionPool:
+        pool = self._pools.get(name)
+        if pool is not None:
+            return pool
+        policy = await asyncio.to_thread(self.sync.pools.policy, name)
+        async with self._lock:
+            if name not in self._pools:
+                if self.sync.pools._closed:
+                    raise RoutingError("this AsyncRouter is closed", hint="create a new one")
+                pool = AsyncConnectionPool(
+                    self.config.app_dsn(name), min_size=self.min_size, max_size=self.max_size,
+                    kwargs=policy.connect_kwargs(self.sync.pools.application_name), name=f"pgidgen-async-{name}",
+                    connection_class=AsyncClaimingConnection, open=False,
+                )
+                await pool.open()
+                self._pools[name] = pool
+            return self._pools[name]

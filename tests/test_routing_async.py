@@ -1,0 +1,93 @@
+"""AsyncRouter on real servers: a writer on asyncio through a real move-shard, direct and through PgBouncer in
+transaction mode: no exception reaches it, every acknowledged write is stored once where the shard lives; a
+stale route raises ShardMovedError and writes nothing there."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from test_routing import count, hand_move, sharded as sharded_8  # noqa: F401 - fixture
+from test_routing_pooler import app_config, bouncer_root, sharded  # noqa: F401 - fixture
+
+from pgidgen import pgbouncer
+from pgidgen.config import Config, load_config
+from pgidgen.errors import ShardMovedError
+from pgidgen.move import move_shard
+from pgidgen.routing import AsyncRouter
+
+
+async def insert(conn: psycopg.AsyncConnection[Any], n: int) -> int:
+    cur = await conn.execute("INSERT INTO t (v) VALUES (%s) RETURNING id", (n,))
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def write_during_a_move(router: AsyncRouter, admin: Config) -> tuple[list[int], list[BaseException]]:
+    ids: list[int] = []
+    errors: list[BaseException] = []
+    moved = threading.Event()
+
+    async def writer(k: int) -> None:
+        n = 0
+        while not moved.is_set() or n < 30:
+            try:
+                ids.append(await router.run(1, lambda c: insert(c, n)))
+            except Exception as e:  # noqa: BLE001 - every exception the application would see
+                errors.append(e)
+            n += 1
+
+    async def mover() -> None:
+        while len(ids) < 50:
+            await asyncio.sleep(0.01)
+        report = await asyncio.to_thread(move_shard, admin, 1, "db3")
+        assert report.status == "done" and report.verification is not None and report.verification.ok
+        moved.set()
+
+    await asyncio.gather(mover(), *(writer(k) for k in range(3)))
+    return ids, errors
+
+
+@pytest.mark.parametrize("through", ["direct", "pgbouncer"])
+def test_an_async_writer_during_a_move_sees_nothing(through: str, config: Config, bouncer_root: Path, tmp_path: Path) -> None:
+    sharded(config)
+    bouncer = pgbouncer.start(bouncer_root, config.databases, mode="transaction") if through == "pgbouncer" else None
+
+    async def main() -> tuple[list[int], list[BaseException], str]:
+        app = load_config(app_config(tmp_path, config, bouncer, None)) if bouncer else config
+        async with AsyncRouter(app) as router:
+            ids, errors = await write_during_a_move(router, config)
+            return ids, errors, await router.database_for(1)
+
+    try:
+        ids, errors, now = asyncio.run(main())
+    finally:
+        if bouncer:
+            bouncer.stop()
+    assert errors == [], [f"{type(e).__name__}: {e}" for e in errors]
+    assert now == "db3"
+    with psycopg.connect(config.dsn("db3")) as c:
+        stored = sorted(r[0] for r in c.execute("SELECT id FROM shard_1.t WHERE id = ANY(%s)", (ids,)))
+    assert len(ids) > 100 and len(set(ids)) == len(ids) and stored == sorted(ids)
+
+
+def test_a_stale_async_route_raises_shard_moved_and_writes_nothing_there(sharded_8: Config) -> None:
+    async def main() -> None:
+        async with AsyncRouter(sharded_8, listen=False) as router:
+            assert await router.database_for(3) == "db1"
+            retired = await asyncio.to_thread(hand_move, sharded_8, 3, "db1", "db3")
+            with pytest.raises(ShardMovedError):
+                async with router.transaction(3) as conn:
+                    await conn.execute("INSERT INTO items (k) VALUES (3)")
+            assert count(sharded_8.dsn("db1"), retired) == 0
+            await router.run(3, lambda c: c.execute("INSERT INTO items (k) VALUES (3)"))  # retried on db3
+            assert await router.database_for(3) == "db3" and router.stats["moved"] == 1
+            async with router.transaction(3, read_only=True) as conn:
+                assert await (await conn.execute("SHOW search_path")).fetchone() == ('"shard_3", "public"',)
+
+    asyncio.run(main())
+    assert count(sharded_8.dsn("db3"), "shard_3") == 1
