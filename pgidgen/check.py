@@ -34,7 +34,7 @@ from .versions import has, major
 #: what one move takes on its source (the slot's own connection, the subscription's walsender) and target
 SLOTS_PER_MOVE, SENDERS_PER_MOVE, WORKERS_PER_MOVE = 1, 2, 1
 
-#: How each managed service grants what pgidgen's role needs (README: "Least privilege"). role = the role in the DSN.
+#: How each managed service grants what pgidgen's role needs (docs/guide.md: "PostgreSQL versions and privileges"). role = the role in the DSN.
 SERVICE_GRANTS = {
     "replication": "ALTER ROLE {role} REPLICATION (Amazon RDS/Aurora: GRANT rds_replication TO {role}; Cloud SQL and Azure: ALTER ROLE {role} REPLICATION)",
     "wal_level": "set wal_level = logical and restart (Amazon RDS/Aurora: rds.logical_replication = 1 in the parameter group;"
