@@ -62,8 +62,14 @@ def target_row_sql(shard: int, schema: str, *, reset_offset: bool = True) -> str
     return text
 
 
-def source_moving_sql(shard: int) -> str:
-    return f"UPDATE pgidgen.shards SET state = 'moving', updated_at = now() WHERE shard = {shard} AND state = 'active';\n"
+def shard_set(shards: int | Sequence[int]) -> str:
+    """A shard number or a batch's, as SQL: `= 5`, `IN (5, 6, 9)`."""
+    items = [shards] if isinstance(shards, int) else sorted(shards)
+    return f"= {items[0]}" if len(items) == 1 else f"IN ({', '.join(str(int(s)) for s in items)})"
+
+
+def source_moving_sql(shards: int | Sequence[int]) -> str:
+    return f"UPDATE pgidgen.shards SET state = 'moving', updated_at = now() WHERE shard {shard_set(shards)} AND state = 'active';\n"
 
 
 # -- replication ---------------------------------------------------------------------------------------
@@ -264,16 +270,22 @@ WHERE n.nspname = %(schema)s AND c.relkind = 'r'
 """
 
 
-def freeze_sql(shard: int, tables: Sequence[TableRef], lock_timeout_ms: int) -> str:
+#: TABLES_AS_THEY_STAND_SQL for a batch's schemas at once (one query inside the pause), the schema first.
+TABLES_AS_THEY_STAND_MANY_SQL = TABLES_AS_THEY_STAND_SQL.replace("SELECT c.relname,", "SELECT n.nspname, c.relname,", 1).replace(
+    "n.nspname = %(schema)s", "n.nspname = ANY(%(schemas)s)")
+
+
+def freeze_sql(shards: int | Sequence[int], tables: Sequence[TableRef], lock_timeout_ms: int) -> str:
     """Stop writes to the shard on the source. First the shard's catalog row FOR UPDATE, the lock routed
     transactions take FOR SHARE in pgidgen.claim_shard() (same order as theirs, so no deadlock): claimed
     transactions finish, new ones wait. Then EXCLUSIVE on the tables (partitioned parents included: a write
     routed through one locks the parent first) for writers that do not claim: it blocks
     INSERT/UPDATE/DELETE/SELECT FOR UPDATE and TRUNCATE, and lets plain reads go on. Both waits together stay
-    within lock_timeout_ms."""
+    within lock_timeout_ms. A batch locks its shards' rows in shard order (a routed transaction claims one)."""
     budget = max(1, int(lock_timeout_ms))
     text = f"SET LOCAL lock_timeout = '{budget}ms';\n"
-    text += f"SELECT 1 FROM pgidgen.shards WHERE shard = {shard} FOR UPDATE;\n"
+    order = "" if isinstance(shards, int) or len(shards) == 1 else " ORDER BY shard"
+    text += f"SELECT 1 FROM pgidgen.shards WHERE shard {shard_set(shards)}{order} FOR UPDATE;\n"
     if tables:
         # what is left of the budget for the tables (the script's statements share one statement_timestamp)
         text += (f"SELECT pg_catalog.set_config('lock_timeout', GREATEST(1, {budget} - pg_catalog.floor(pg_catalog.date_part('epoch',"
