@@ -76,15 +76,15 @@ def build(major: int, databases: int) -> tuple[list[sandbox.Server], Path, Confi
     servers = [sandbox.create_server(root, f"db{i + 1}", major=major) for i in range(databases)]
     config = Config(layout=Layout.make(), databases={s.name: s.dsn for s in servers})
     assert all(o.ok for o in init(config, SHARDS, ["db1"]))
-    with psycopg.connect(config.dsn("db1")) as c:
-        for lo in range(0, SHARDS, 100):
-            for s in range(lo, min(lo + 100, SHARDS)):
-                c.execute(f"CREATE TABLE shard_{s}.t (id bigint PRIMARY KEY DEFAULT shard_{s}.next_id(), v int, note text)")
-                c.execute(f"CREATE TABLE shard_{s}.tags (tag text PRIMARY KEY, n serial)")
-                c.execute(f"INSERT INTO shard_{s}.t (v, note) SELECT g, md5(g::text) FROM generate_series(1, {20 + s * 37 % 81}) g")
-                c.execute(f"INSERT INTO shard_{s}.tags (tag) SELECT 'tag' || g FROM generate_series(1, {20 + s * 13 % 81}) g")
-            c.commit()
-        c.autocommit = True
+    for lo in range(0, SHARDS, 250):  # a connection per 250 shards: one that made thousands of tables grows slow
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+            c.execute("".join(
+                f"CREATE TABLE shard_{s}.t (id bigint PRIMARY KEY DEFAULT shard_{s}.next_id(), v int, note text);"
+                f" CREATE TABLE shard_{s}.tags (tag text PRIMARY KEY, n serial);"
+                f" INSERT INTO shard_{s}.t (v, note) SELECT g, md5(g::text) FROM generate_series(1, {20 + s * 37 % 81}) g;"
+                f" INSERT INTO shard_{s}.tags (tag) SELECT 'tag' || g FROM generate_series(1, {20 + s * 13 % 81}) g;\n"
+                for s in range(lo, min(lo + 250, SHARDS))))
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
         c.execute("VACUUM ANALYZE")
     return servers, root, config
 

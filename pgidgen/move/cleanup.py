@@ -97,6 +97,7 @@ def verify_move(config: Config, shard: int) -> Verification:
         row = src.execute("SELECT schema_name FROM pgidgen.shards WHERE shard = %s AND state = 'retired'", (shard,)).fetchone()
         if row is None or row[0] != retired:
             raise MoveError(f"the source copy of shard {shard} ({rec.source}.{retired}) is gone", hint="it was dropped by --cleanup; nothing to compare with")
+        assert retired is not None
         tables = [r[0] for r in src.execute(
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r' ORDER BY 1",
             (retired,))]

@@ -33,7 +33,7 @@ from typing import IO, Any, Callable, Sequence
 import psycopg
 
 from .. import pgbin
-from ..db import scrub, tool_args
+from ..db import connect, scrub, tool_args
 from ..errors import PgidgenError
 from . import sqltext as q
 from .context import MoveError
@@ -57,6 +57,7 @@ class TableCopy:
     binary: bool
     columns: tuple[str, ...] = ()  # the source's stored columns in its order (generated ones are computed again)
     schema: str = ""  # in a batch's transfer: the table's schema (else the transfer's one)
+    inline: bool = False  # small: its rows come through this process on one source connection (see copy_rows)
 
 
 def plan_tables(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], schema: str, tables: Sequence[str], *, into: str = "") -> list[TableCopy]:
@@ -288,6 +289,7 @@ class Transfer:
         self.schema_dump = schema_dump
         self.streams: dict[tuple[str, str], _Proc] = {}
         self.bytes = 0
+        self.reader: psycopg.Connection[Any] | None = None  # the inline tables' source connection, at the snapshot
 
     def __enter__(self) -> Transfer:
         return self
@@ -299,10 +301,21 @@ class Transfer:
         """The schema's pg_dump (unless one was started earlier) and the first table's stream, at once."""
         if self.sections and self.schema_dump is None:
             self.schema_dump = SchemaDump(self.source_dsn, self.schemas, encoding=self.encoding, sections=self.sections, snapshot=self.snapshot)
-        if self.tables:
+        if self.tables and not self.tables[0].inline:
             self._stream(self.tables[0])
+        if any(t.inline for t in self.tables):
+            self.reader = connect("the source", self.source_dsn, autocommit=True)
+            self.reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            if self.snapshot:
+                self.reader.execute(f"SET TRANSACTION SNAPSHOT {q.literal(self.snapshot)}")
+            for setting in q.COPY_OUT_SETTINGS:
+                self.reader.execute(setting)
+            self.reader.execute(f"SET client_encoding = {q.literal(self.encoding)}")
 
     def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
         for p in self.streams.values():
             p.kill()
         if self.schema_dump is not None:
@@ -347,10 +360,15 @@ class Transfer:
                     tgt.execute(script)
 
     def copy_rows(self, tgt: psycopg.Connection[Any], on_block: OnBlock | None = None) -> None:
-        """Every table's rows into tgt's open transaction; the next table's stream starts while this one flows."""
+        """Every table's rows into tgt's open transaction; the next table's stream starts while this one flows.
+        An inline table's rows go from the source connection's COPY to the target's in this process: for a small
+        table a psql of its own (a process and a connection, some 10 ms) costs more than its rows."""
         for i, table in enumerate(self.tables):
+            if table.inline:
+                self._relay_inline(tgt, table, on_block)
+                continue
             p = self.streams.get((table.schema, table.name)) or self._stream(table)
-            if i + 1 < len(self.tables):
+            if i + 1 < len(self.tables) and not self.tables[i + 1].inline:
                 self._stream(self.tables[i + 1])
             self._relay(tgt, table, p, on_block)
             p.stop()
@@ -378,6 +396,25 @@ class Transfer:
         except psycopg.Error:
             if p.proc.poll() not in (None, 0):
                 raise MoveError(f"reading {schema}.{table.name} on the source failed: {p.error()}") from None
+            raise
+
+
+    def _relay_inline(self, tgt: psycopg.Connection[Any], table: TableCopy, on_block: OnBlock | None) -> None:
+        assert self.reader is not None
+        schema = table.schema or self.schema
+        out = q.copy_out_sql(schema, table.name, binary=table.binary, columns=table.columns)
+        into = q.copy_in_sql(schema, table.name, binary=table.binary, freeze=self.freeze, columns=table.columns)
+        try:
+            with self.reader.cursor().copy(out) as src:
+                with tgt.cursor().copy(into) as dst:
+                    for block in src:
+                        dst.write(block)
+                        self.bytes += len(block)
+                        if on_block is not None:
+                            on_block(f"{schema}.{table.name}", len(block))
+        except psycopg.Error as e:
+            if self.reader.info.transaction_status == psycopg.pq.TransactionStatus.INERROR or self.reader.broken:
+                raise MoveError(f"reading {schema}.{table.name} on the source failed: {scrub(str(e).splitlines()[0] if str(e) else type(e).__name__)}") from None
             raise
 
 

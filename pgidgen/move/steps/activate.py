@@ -37,7 +37,7 @@ class ActivateStep(MoverBase):
         else:
             self.journal.note("activate", last_ids={str(k): v for k, v in last_ids.items()}, ahead_ms=ahead)
         sub = None if self.opts.offline else (self.names.subscription if self._sub_oid() else None)
-        ledger = "".join(ledger_copy_sql(self.admin, c.shard) for c in self.ctxs)
+        ledger = self.ledger_sql if self.ledger_sql is not None else self._ledger()
         with self.tgt.transaction():
             execute_script(self.tgt, ledger)
             execute_script(self.tgt, "".join(
@@ -49,6 +49,10 @@ class ActivateStep(MoverBase):
         if started is not None:
             self.report.pause_ms = (time.perf_counter() - started) * 1000
             self.journal.note("activate", pause_ms=round(self.report.pause_ms, 1))
+
+    def _ledger(self) -> str:
+        """The batch's DDL-ledger rows as SQL for the target (read before the pause: apply-ddl waits for moves)."""
+        return "".join(ledger_copy_sql(self.admin, c.shard) for c in self.ctxs)
 
     def _sequence_values(self, schemas: dict[int, str]) -> dict[int, list[q.SeqValue]]:
         """The shards' own sequences (serial, identity, ...) as they stand: last_value and is_called read from

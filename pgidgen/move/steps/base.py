@@ -203,6 +203,7 @@ class MoverBase:
                                  shards=[c.shard for c in ctxs])
         self.t0 = time.perf_counter()
         self.resumed_step: str | None = None  # the step a resumed run starts from
+        self.ledger_sql: str | None = None  # activate's DDL-ledger rows, rendered before the pause
 
     # connections ----------------------------------------------------------------------------------
     @property
@@ -313,6 +314,9 @@ class MoverBase:
         raise NotImplementedError
 
     def _drop_target_copy(self) -> None:
+        raise NotImplementedError
+
+    def _ledger(self) -> str:
         raise NotImplementedError
 
     def _shard_depends_on_catalog(self) -> bool:

@@ -16,6 +16,10 @@ from .base import Background, CopyProgress, MoverBase
 from .replication import drop_slots
 
 
+#: Tables smaller than this (on disk, with indexes) are copied inline (transfer.Transfer.copy_rows).
+INLINE_BYTES = 1 << 20
+
+
 class CopySteps(MoverBase):
     def step_copy(self) -> None:
         """The batch: a slot whose exported snapshot the copy reads at, so the subscription (copy_data = false)
@@ -94,6 +98,9 @@ class CopySteps(MoverBase):
         try:
             plan = [t for c in self.ctxs for t in plan_tables(self.admin, self.tgt, c.source_schema or c.schema, [t.name for t in c.tables],
                                                               into=c.schema if len(self.ctxs) > 1 else "")]
+            size = {(c.schema if len(self.ctxs) > 1 else "", t.name): t.bytes for c in self.ctxs for t in c.tables}
+            for t in plan:
+                t.inline = size.get((t.schema, t.name), INLINE_BYTES) < INLINE_BYTES
             encoding = str(self.admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
             # pg_dump's schema makes materialized views WITH NO DATA; those populated on the source are refreshed
             # from the copied rows (in creation order: one built on another comes later)

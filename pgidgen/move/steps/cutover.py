@@ -97,6 +97,8 @@ class CutoverSteps(MoverBase):
                                     hint=f"nothing was flipped; roll back with --rollback {shard} and move again")
             self._tables_as_they_stand(src, schemas, prepare=True)  # the query the pause makes: planned before it
             src.rollback()
+        if self.ledger_sql is None:
+            self.ledger_sql = self._ledger()
         committed = False
         try:
             t_start = time.perf_counter()
