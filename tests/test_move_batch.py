@@ -205,3 +205,25 @@ def test_an_interrupted_rebalance_continues_where_it_stopped(config: Config, mon
     assert "resumed move" in " ".join(result.reports[0].notes)
     assert {n: sorted(s) for n, s in read_map(config).databases.items() if n != "db2"} == {"db1": [0, 1], "db3": [2, 3]}
     assert open_moves(config.dsn("db1")) == 0 and leftovers(config.databases) == []
+
+
+def test_a_batch_is_checked_as_a_whole_before_anything_is_journaled(config: Config) -> None:
+    setup_shards(config, rows=10)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("CREATE VIEW public.recent AS SELECT * FROM shard_2.t")
+    with pytest.raises(MoveError, match=r"objects outside the schemas of shards 0-3 on db1 depend on them and cannot move with them: view public.recent"):
+        move_shards(config, BATCH, "db3")
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM pgidgen.moves").fetchone()[0] == 0
+        c.execute("DROP VIEW public.recent")
+        c.execute("CREATE ROLE batch_reader_x")
+        c.execute("GRANT SELECT ON shard_3.tags TO batch_reader_x")
+    try:
+        with pytest.raises(MoveError, match="role batch_reader_x of the schemas of shards 0-3 .* does not exist on db3"):
+            move_shards(config, BATCH, "db3")
+    finally:
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+            c.execute("REVOKE ALL ON shard_3.tags FROM batch_reader_x")
+            c.execute("DROP ROLE batch_reader_x")
+    assert open_moves(config.dsn("db1")) == 0 and leftovers(config.databases) == []
+    assert all(state_of(config.dsn("db1"), s) == ("active", f"shard_{s}") for s in BATCH)

@@ -15,6 +15,7 @@ from ..config import Config
 from ..db import connect, read_each
 from ..errors import ConfigError, ConflictError, DatabaseError, InputError
 from ..idgen import schema_name
+from ..ranges import collapse
 from ..layout import Layout
 from .journal import POINT_OF_NO_RETURN, lock_holder, open_move
 from . import sqltext as q
@@ -157,12 +158,15 @@ def _check_target_free(shard: int, target: str, tst: CatalogState) -> None:
 
 
 def read_tables(conn: psycopg.Connection[Any], schema: str) -> tuple[list[TableInfo], list[str]]:
-    tables = [
-        TableInfo(name=r[0], persistence=r[1], identity_ok=bool(r[2]), identity=r[3], est_rows=int(r[4]), bytes=int(r[5]),
-                  unequal=unequal_columns(conn, schema, r[0]) if r[6] else (), replica_triggers=tuple(r[7] or ()))
-        for r in conn.execute(
+    return read_tables_of(conn, [schema])[schema]
+
+
+def read_tables_of(conn: psycopg.Connection[Any], schemas: list[str]) -> dict[str, tuple[list[TableInfo], list[str]]]:
+    """Each schema's tables (with what the checks need) and its own sequences: two queries for all of them."""
+    out: dict[str, tuple[list[TableInfo], list[str]]] = {s: ([], []) for s in schemas}
+    for r in conn.execute(
             """
-            SELECT c.relname, c.relpersistence,
+            SELECT n.nspname, c.relname, c.relpersistence,
                    CASE c.relreplident
                      WHEN 'f' THEN true
                      WHEN 'd' THEN EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
@@ -175,24 +179,24 @@ def read_tables(conn: psycopg.Connection[Any], schema: str) -> tuple[list[TableI
                    ARRAY(SELECT tg.tgname::text FROM pg_trigger tg WHERE tg.tgrelid = c.oid AND NOT tg.tgisinternal
                          AND tg.tgenabled IN ('A', 'R') ORDER BY tg.tgname)
             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-            WHERE n.nspname = %s AND c.relkind = 'r'
+            WHERE n.nspname = ANY(%s) AND c.relkind = 'r'
             ORDER BY c.relname
             """,
-            (schema,),
-        )
-    ]
-    for t in tables:
+            (schemas,),
+    ).fetchall():
+        schema = r[0]
+        t = TableInfo(name=r[1], persistence=r[2], identity_ok=bool(r[3]), identity=r[4], est_rows=int(r[5]), bytes=int(r[6]),
+                      unequal=unequal_columns(conn, schema, r[1]) if r[7] else (), replica_triggers=tuple(r[8] or ()))
         if t.est_rows < 0:  # never analysed: count, so the progress bar has a total
             t.est_rows = int(conn.execute(f"SELECT count(*) FROM ONLY {_q(schema, t.name)}").fetchone()[0])  # type: ignore[index]
-    sequences = [
-        r[0]
-        for r in conn.execute(
-            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s AND c.relkind = 'S' AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset') ORDER BY 1",
-            (schema,),
-        )
-    ]
-    return tables, sequences
+        out[schema][0].append(t)
+    for schema, name in conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = ANY(%s) AND c.relkind = 'S' AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset') ORDER BY 1, 2",
+        (schemas,),
+    ):
+        out[schema][1].append(name)
+    return out
 
 
 #: Per column, the type whose equality counts: domains by their base type, arrays by their element's (array
@@ -394,6 +398,47 @@ def check_external_references(ctx: ShardContext, src: psycopg.Connection[Any], t
         raise MoveError(
             f"{ctx.schema} uses {describe_dependents(missing)} from outside the shard, missing on {ctx.target}",
             hint=f"create {'them' if len(missing) > 1 else 'it'} on {ctx.target} first (CREATE EXTENSION, if an extension provides {'them' if len(missing) > 1 else 'it'}), then move",
+        )
+
+
+def _what(ctxs: list[ShardContext]) -> str:
+    return f"the schemas of shards {collapse([c.shard for c in ctxs])}"
+
+
+def check_batch(ctxs: list[ShardContext], src: psycopg.Connection[Any], tgt: psycopg.Connection[Any]) -> None:
+    """check_outside_dependents, check_roles and check_external_references for a batch: one query each for all
+    of its schemas (each of those reads whole catalogs: some 10-40 ms a query on a database of 2000 shards)."""
+    if len(ctxs) == 1:
+        check_outside_dependents(ctxs[0], src)
+        check_roles(ctxs[0], src, tgt)
+        check_external_references(ctxs[0], src, tgt)
+        return
+    ctx, schemas = ctxs[0], [c.schema for c in ctxs]
+    found = [str(r[0]) for r in src.execute(q.OUTSIDE_DEPENDENTS_ANY_SQL, {"schemas": schemas})]
+    if found:
+        raise MoveError(
+            f"objects outside {_what(ctxs)} on {ctx.source} depend on them and cannot move with them: {describe_dependents(found)}",
+            hint="drop them or make them independent of the shards first (a shard's objects belong in its schema)",
+        )
+    needed = src.execute(ROLES_OF_SCHEMA_SQL.replace("nspname = %(schema)s", "nspname = ANY(%(schemas)s)"), {"schemas": schemas}).fetchone()[0] or []  # type: ignore[index]
+    missing = tgt.execute("SELECT pg_catalog.array_agg(r ORDER BY r) FROM pg_catalog.unnest(%s::text[]) AS r"
+                          " WHERE r NOT IN (SELECT rolname FROM pg_catalog.pg_roles)", (list(needed),)).fetchone()[0]  # type: ignore[index]
+    if missing:
+        raise MoveError(
+            f"{'roles' if len(missing) > 1 else 'role'} {', '.join(missing)} of {_what(ctxs)} (owner or grantee of their objects on {ctx.source})"
+            f" {'do' if len(missing) > 1 else 'does'} not exist on {ctx.target}",
+            hint=f"create {'them' if len(missing) > 1 else 'it'} on {ctx.target} (roles belong to the server, not the database), then move",
+        )
+    gone = []
+    for kind, names, args, shown in src.execute(q.EXTERNAL_REFERENCES_ANY_SQL, {"schemas": schemas}).fetchall():
+        try:
+            tgt.execute("SELECT pg_catalog.pg_get_object_address(%s, %s, %s)", (kind, names, args))
+        except psycopg.Error:
+            gone.append(str(shown))
+    if gone:
+        raise MoveError(
+            f"{_what(ctxs)} use {describe_dependents(gone)} from outside the shards, missing on {ctx.target}",
+            hint=f"create {'them' if len(gone) > 1 else 'it'} on {ctx.target} first (CREATE EXTENSION, if an extension provides {'them' if len(gone) > 1 else 'it'}), then move",
         )
 
 

@@ -20,15 +20,13 @@ from ..ranges import collapse
 from .context import (
     MoveError,
     ShardContext,
+    check_batch,
     check_no_other_move,
-    check_external_references,
-    check_outside_dependents,
-    check_roles,
     check_servers,
     check_tables,
     locate_batch,
     read_states,
-    read_tables,
+    read_tables_of,
 )
 from .compat import check_clients, check_restorable
 from .batches import Batch, plan_batches
@@ -147,15 +145,13 @@ def _move_batch(
             # checked and journaled, instead of after the slot, where the rows wait for the tables it creates.
             encoding = str(admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
             early = SchemaDump(config.dsn(ctx.source), [c.schema for c in ctxs], encoding=encoding, sections=COPY_SECTIONS)
+        read = read_tables_of(admin, [c.schema for c in ctxs])
         for c in ctxs:
             c.source_schema = c.schema
-            c.tables, c.sequences = read_tables(admin, c.schema)
+            c.tables, c.sequences = read[c.schema]
             check_tables(c, online=not opts.offline)
-            check_outside_dependents(c, admin)
         tgt = opening.result()
-        for c in ctxs:
-            check_roles(c, admin, tgt)
-            check_external_references(c, admin, tgt)
+        check_batch(ctxs, admin, tgt)
         if opts.offline:
             for c in ctxs:
                 check_restorable(c, config.dsn(ctx.source), admin, tgt)
@@ -231,8 +227,10 @@ def _reopen(config: Config, shard: int) -> tuple[list[ShardContext], psycopg.Con
             ctx = ShardContext(shard=s, source=source, target=rec.target, layout=layout, shard_count=states[source].shard_count or 0, states=states)
             row = live.get(s)
             ctx.source_schema = row[0] if row and row[1] == "retired" and row[0] == retired.get(s) else ctx.schema
-            ctx.tables, ctx.sequences = read_tables(admin, ctx.source_schema)
             ctxs.append(ctx)
+        read = read_tables_of(admin, [c.source_schema for c in ctxs])
+        for ctx in ctxs:
+            ctx.tables, ctx.sequences = read[ctx.source_schema]
         return ctxs, admin, Journal(admin, rec)
     except BaseException:
         release(admin, shard)

@@ -131,6 +131,8 @@ owner (classid, objid, objsubid, schema) AS (
 
 #: Does any object of the shard's schema depend on an object of the pgidgen schema?
 DEPENDS_ON_CATALOG_SQL = _dependents_sql("'pgidgen'", "SELECT EXISTS (SELECT FROM owner WHERE schema = %(schema)s)")
+#: The same for a batch's schemas at once.
+DEPENDS_ON_CATALOG_ANY_SQL = _dependents_sql("'pgidgen'", "SELECT EXISTS (SELECT FROM owner WHERE schema = ANY(%(schemas)s))")
 
 #: Objects outside a shard's schema that depend on it (a view over its tables, a foreign key or a column default
 #: elsewhere): they cannot follow the shard to another database, and DROP SCHEMA ... CASCADE would drop them.
@@ -144,6 +146,13 @@ OUTSIDE_DEPENDENTS_SQL = _dependents_sql("%(schema)s", """SELECT DISTINCT (x).ty
       AND o.classid NOT IN ('pg_catalog.pg_publication_rel'::pg_catalog.regclass, pg_catalog.to_regclass('pg_catalog.pg_publication_namespace'))) d
 ORDER BY 1""")
 
+
+#: OUTSIDE_DEPENDENTS_SQL for a batch's schemas at once: what depends on any of them from outside all of them.
+OUTSIDE_DEPENDENTS_ANY_SQL = OUTSIDE_DEPENDENTS_SQL.replace(
+    "= pg_catalog.to_regnamespace(%(schema)s)",
+    "IN (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = ANY(%(schemas)s))",
+).replace("WHERE o.schema IS DISTINCT FROM %(schema)s", "WHERE coalesce(o.schema <> ALL(%(schemas)s), true)")
+assert "%(schema)s" not in OUTSIDE_DEPENDENTS_ANY_SQL
 
 #: Objects outside the shard's schema (and outside pg_catalog, information_schema and pgidgen, which init
 #: installs) that the shard's objects depend on: a foreign key's table, a column's type, a default's function, a
@@ -171,6 +180,12 @@ WHERE i.schema NOT IN (%(schema)s, 'pg_catalog', 'information_schema', 'pgidgen'
   AND i.type <> 'index'  -- a foreign key's unique index: its table is named
 ORDER BY 4
 """
+
+#: EXTERNAL_REFERENCES_SQL for a batch's schemas: what they use outside all of them.
+EXTERNAL_REFERENCES_ANY_SQL = EXTERNAL_REFERENCES_SQL.replace(
+    "WHERE nspname = %(schema)s", "WHERE nspname = ANY(%(schemas)s)").replace(
+    "WHERE i.schema NOT IN (%(schema)s, ", "WHERE i.schema <> ALL(%(schemas)s) AND i.schema NOT IN (")
+assert "%(schema)s" not in EXTERNAL_REFERENCES_ANY_SQL
 
 #: Every privilege the owners of a schema's objects granted (their effective ACLs, the default ones where none
 #: was written), as (kind, name, column, grantee, privilege, grantable), names quoted for GRANT/REVOKE: what a

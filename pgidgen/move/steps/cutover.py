@@ -8,11 +8,31 @@ from typing import Any
 import psycopg
 
 from ...db import connect, execute_script
-from ...ddl.drift import schema_items
+from ...ddl.drift import ITEMS_SQL, schema_items
 from .. import sqltext as q
 from ..context import MoveError, describe_dependents, outside_dependents
 from ..journal import retired_names
 from .base import LOCK_WAIT_RECHECK, CutoverAborted, MoverBase
+
+
+#: drift.SCHEMA_ITEMS_SQL for a batch's schemas at once: (schema, item).
+SCHEMA_ITEMS_MANY_SQL = ITEMS_SQL.replace(
+    """    SELECT n.oid AS nsp, n.nspname, sh.shard
+    FROM pgidgen.shards sh JOIN pg_catalog.pg_namespace n ON n.nspname = sh.schema_name
+    WHERE sh.state IN ('active', 'moving') {filter}""",
+    """    SELECT n.oid AS nsp, n.nspname, n.oid::pg_catalog.int8 AS shard FROM pg_catalog.pg_namespace n WHERE n.nspname = ANY(%(schemas)s)""",
+).replace("{index_filter}", "AND ix.indisvalid") + "SELECT s.nspname, replace(i.item, s.nspname || '.', 'shard_N.') FROM items i JOIN s ON s.shard = i.shard"
+assert "%(schemas)s" in SCHEMA_ITEMS_MANY_SQL
+
+
+def schema_items_many(conn: psycopg.Connection[Any], schemas: list[str]) -> dict[str, set[str]]:
+    """drift.schema_items of each schema, in one query."""
+    if len(schemas) == 1:
+        return {schemas[0]: schema_items(conn, schemas[0])}
+    out: dict[str, set[str]] = {s: set() for s in schemas}
+    for schema, item in conn.execute(SCHEMA_ITEMS_MANY_SQL, {"schemas": schemas}):
+        out[schema].add(str(item))
+    return out
 
 
 class CutoverSteps(MoverBase):
@@ -79,15 +99,18 @@ class CutoverSteps(MoverBase):
             src = connect(self.ctx.source, self.config.dsn(self.ctx.source))
             snap = connect(self.ctx.target, self.config.dsn(self.ctx.target))  # before the pause
         theirs = self._tables_as_they_stand(self.tgt, schemas)  # the target's side, read before the pause
-        their_items = {s: schema_items(self.tgt, s) for s in schemas} if not self.opts.offline else {}  # offline: post-data comes under the freeze
+        their_items = schema_items_many(self.tgt, schemas) if not self.opts.offline else {}  # offline: post-data comes under the freeze
         if not self.opts.offline:
             # The schema on both sides, and nothing outside the shard depending on it, checked right before the
             # pause rather than in it (some 20 ms under load): DDL that does not wait for the freeze's locks
             # (a view, a grant, a function) could slip in after a check made in the pause just the same.
+            my_items = schema_items_many(src, schemas)
+            outside = outside_dependents(src, schemas[0]) if len(schemas) == 1 else \
+                [str(r[0]) for r in src.execute(q.OUTSIDE_DEPENDENTS_ANY_SQL, {"schemas": schemas})]
+            src.rollback()
             for schema in schemas:
-                changed = self._changed_objects(schema_items(src, schema), their_items[schema])
-                found = outside_dependents(src, schema)
-                src.rollback()
+                changed = self._changed_objects(my_items[schema], their_items[schema])
+                found = outside
                 if found:  # made during the move: they would stay bound to the retired copy
                     changed.append(f"objects outside it now depend on it: {describe_dependents(found)}")
                 if changed:

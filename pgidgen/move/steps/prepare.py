@@ -74,11 +74,8 @@ class PrepareSteps(MoverBase):
     def _shard_depends_on_catalog(self) -> bool:
         """Whether any object of the batch's schemas depends on one in the pgidgen schema (a column DEFAULT or a
         CHECK calling a pgidgen function, a pgidgen type, ...): then the catalog must exist before the schemas."""
-        for ctx in self.ctxs:
-            row = self.admin.execute(q.DEPENDS_ON_CATALOG_SQL, {"schema": ctx.source_schema or ctx.schema}).fetchone()
-            if row and row[0]:
-                return True
-        return False
+        row = self.admin.execute(q.DEPENDS_ON_CATALOG_ANY_SQL, {"schemas": [c.source_schema or c.schema for c in self.ctxs]}).fetchone()
+        return bool(row and row[0])
 
     def dump_schema(self) -> bytes:
         src_dsn, src_env = tool_args(self.config.dsn(self.ctx.source))
