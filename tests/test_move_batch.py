@@ -227,3 +227,23 @@ def test_a_batch_is_checked_as_a_whole_before_anything_is_journaled(config: Conf
             c.execute("DROP ROLE batch_reader_x")
     assert open_moves(config.dsn("db1")) == 0 and leftovers(config.databases) == []
     assert all(state_of(config.dsn("db1"), s) == ("active", f"shard_{s}") for s in BATCH)
+
+
+def test_a_batch_keeps_each_shards_grants_whatever_the_targets_default_privileges(config: Config) -> None:
+    setup_shards(config, rows=10)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("GRANT SELECT ON shard_1.t TO PUBLIC")
+    with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+        c.execute("ALTER DEFAULT PRIVILEGES GRANT INSERT ON TABLES TO PUBLIC")
+    try:
+        [report] = move_shards(config, BATCH, "db3")
+        assert report.verification is not None and report.verification.ok
+        with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+            def public(table: str) -> list[str]:
+                return [r[0] for r in c.execute(
+                    "SELECT privilege_type FROM pg_class, aclexplode(relacl) WHERE oid = %s::regclass AND grantee = 0 ORDER BY 1", (table,))]
+            assert public("shard_1.t") == ["SELECT"]
+            assert public("shard_2.t") == [] and public("shard_0.tags") == []
+    finally:
+        with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+            c.execute("ALTER DEFAULT PRIVILEGES REVOKE INSERT ON TABLES FROM PUBLIC")

@@ -219,6 +219,29 @@ FROM o, pg_catalog.aclexplode(o.acl) e WHERE e.grantor = o.owner
 """
 
 
+
+def _owner_grants_many() -> str:
+    text = OWNER_GRANTS_SQL
+    for a, b in (
+        ("WITH n AS (SELECT oid, nspowner, nspacl FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s),",
+         "WITH n AS (SELECT oid, nspname, nspowner, nspacl FROM pg_catalog.pg_namespace WHERE nspname = ANY(%(schemas)s)),"),
+        ("o (kind, name, col, owner, acl) AS (", "o (nsp, kind, name, col, owner, acl) AS ("),
+        ("    SELECT 'SCHEMA', NULL::text", "    SELECT n.nspname, 'SCHEMA', NULL::text"),
+        ("    SELECT CASE c.relkind WHEN 'S'", "    SELECT n.nspname, CASE c.relkind WHEN 'S'"),
+        ("    SELECT 'TABLE', pg_catalog.quote_ident(c.relname), pg_catalog.quote_ident(a.attname)",
+         "    SELECT n.nspname, 'TABLE', pg_catalog.quote_ident(c.relname), pg_catalog.quote_ident(a.attname)"),
+        ("    SELECT 'ROUTINE',", "    SELECT n.nspname, 'ROUTINE',"),
+        ("    SELECT 'TYPE',", "    SELECT n.nspname, 'TYPE',"),
+        ("SELECT o.kind, o.name, o.col,", "SELECT o.nsp, o.kind, o.name, o.col,"),
+    ):
+        assert text.count(a) == 1, a
+        text = text.replace(a, b)
+    return text
+
+
+#: OWNER_GRANTS_SQL for a batch's schemas at once, each row led by its schema's name.
+OWNER_GRANTS_MANY_SQL = _owner_grants_many()
+
 def _grant_on(schema: str, kind: str, name: str | None, col: str | None, priv: str) -> str:
     what = "SCHEMA " + ident(schema) if kind == "SCHEMA" else f"{kind} {name}" if kind == "ROUTINE" else f"{kind} {ident(schema)}.{name}"
     return f"{priv} ({col}) ON {what}" if col else f"{priv} ON {what}"

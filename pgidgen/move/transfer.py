@@ -80,6 +80,25 @@ def plan_tables(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], sche
     return [TableCopy(t, same_major and t not in custom, tuple(columns.get(t, ())), into) for t in tables]
 
 
+def plan_tables_of(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], tables: dict[str, Sequence[str]]) -> list[TableCopy]:
+    """plan_tables for a batch (schema -> its tables), in one query; each table names its schema."""
+    same_major = _major(src) == _major(tgt)
+    columns: dict[tuple[str, str], list[str]] = {}
+    custom: set[tuple[str, str]] = set()
+    for schema, table, column, is_custom in src.execute(
+        "SELECT n.nspname, c.relname, a.attname, (CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END)::bigint >= %s"
+        " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " JOIN pg_type t ON t.oid = a.atttypid"
+        " WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''"
+        " ORDER BY n.nspname, c.relname, a.attnum",
+        (_FIRST_USER_OID, list(tables)),
+    ):
+        columns.setdefault((schema, table), []).append(column)
+        if is_custom:
+            custom.add((schema, table))
+    return [TableCopy(t, same_major and (s, t) not in custom, tuple(columns.get((s, t), ())), s) for s, names in tables.items() for t in names]
+
+
 def _major(conn: psycopg.Connection[Any]) -> int:
     return conn.info.server_version // 10000
 

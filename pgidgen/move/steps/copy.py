@@ -11,7 +11,7 @@ from ...db import connect, execute_script, pg_message
 from ...errors import ConflictError
 from .. import sqltext as q
 from ..context import MoveError
-from ..transfer import COPY_SECTIONS, SchemaDump, Transfer, plan_tables
+from ..transfer import COPY_SECTIONS, SchemaDump, Transfer, plan_tables, plan_tables_of
 from .base import Background, CopyProgress, MoverBase
 from .replication import drop_slots
 
@@ -96,17 +96,20 @@ class CopySteps(MoverBase):
         schemas = [c.schema for c in self.ctxs]
         what = schemas[0] if len(schemas) == 1 else f"the schemas of {self.what}"
         try:
-            plan = [t for c in self.ctxs for t in plan_tables(self.admin, self.tgt, c.source_schema or c.schema, [t.name for t in c.tables],
-                                                              into=c.schema if len(self.ctxs) > 1 else "")]
+            if len(self.ctxs) == 1:
+                plan = plan_tables(self.admin, self.tgt, self.ctx.source_schema or self.ctx.schema, [t.name for t in self.ctx.tables])
+            else:  # a batch copies before its source copies are retired: the schemas have their own names on both sides
+                plan = plan_tables_of(self.admin, self.tgt, {c.schema: [t.name for t in c.tables] for c in self.ctxs})
             size = {(c.schema if len(self.ctxs) > 1 else "", t.name): t.bytes for c in self.ctxs for t in c.tables}
             for t in plan:
                 t.inline = size.get((t.schema, t.name), INLINE_BYTES) < INLINE_BYTES
             encoding = str(self.admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
             # pg_dump's schema makes materialized views WITH NO DATA; those populated on the source are refreshed
             # from the copied rows (in creation order: one built on another comes later)
-            views = [(c.schema, r[0]) for c in self.ctxs for r in self.admin.execute(
-                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'm'"
-                " AND c.relispopulated ORDER BY c.oid", (c.source_schema or c.schema,))]
+            named = {c.source_schema or c.schema: c.schema for c in self.ctxs}
+            views = [(named[r[0]], r[1]) for r in self.admin.execute(
+                "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ANY(%s)"
+                " AND c.relkind = 'm' AND c.relispopulated ORDER BY c.oid", (list(named),))]
             tr = Transfer(self.config.dsn(self.ctx.source), schemas, plan, snapshot=snapshot(), encoding=encoding, sections=sections, schema_dump=schema_dump)
         except BaseException:
             if schema_dump is not None:
@@ -125,8 +128,10 @@ class CopySteps(MoverBase):
                 for schema, view in views:
                     self.tgt.execute(f"REFRESH MATERIALIZED VIEW {q.ident(schema, view)}")
                 if "post-data" in sections:  # the whole schema is there: its owners' grants as on the source
-                    for c in self.ctxs:
-                        self._match_grants(c.schema, c.source_schema or c.schema)
+                    if len(self.ctxs) == 1:
+                        self._match_grants(self.ctx.schema, self.ctx.source_schema or self.ctx.schema)
+                    else:
+                        self._match_grants_of_batch()
                 if before_then is not None:
                     before_then.result()
                 execute_script(self.tgt, then)
@@ -159,6 +164,24 @@ class CopySteps(MoverBase):
 
         execute_script(self.tgt, q.revoke_grants_sql(schema, source, target()))
         execute_script(self.tgt, q.grant_missing_sql(schema, source, target()))
+
+    def _match_grants_of_batch(self) -> None:
+        """_match_grants for every schema of a batch: four catalog reads in all instead of three per shard."""
+        schemas = [c.schema for c in self.ctxs]
+
+        def read(conn: psycopg.Connection[Any]) -> dict[str, set[tuple[Any, ...]]]:
+            conn.execute("SET LOCAL search_path = ''")
+            out: dict[str, set[tuple[Any, ...]]] = {s: set() for s in schemas}
+            for r in conn.execute(q.OWNER_GRANTS_MANY_SQL, {"schemas": schemas}):
+                out[r[0]].add(tuple(r[1:]))
+            return out
+
+        with self.admin.transaction():
+            source = read(self.admin)
+        theirs = read(self.tgt)
+        execute_script(self.tgt, "\n".join(q.revoke_grants_sql(s, source[s], theirs[s]) for s in schemas))
+        theirs = read(self.tgt)
+        execute_script(self.tgt, "\n".join(q.grant_missing_sql(s, source[s], theirs[s]) for s in schemas))
 
     def _copy_progress(self) -> Callable[[str, int], None] | None:
         """Rows as the source's COPY reports them (pg_stat_progress_copy), at most every 0.1 s."""
