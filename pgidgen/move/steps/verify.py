@@ -8,7 +8,7 @@ import psycopg
 
 from ...db import connect
 from ..context import MoveError
-from ..verify import Verification, compare
+from ..verify import Verification, compare, compare_many
 from .base import Background, MoverBase
 
 
@@ -16,14 +16,10 @@ class VerifyStep(MoverBase):
     def _compare_all(self, src: psycopg.Connection[Any], source_schemas: dict[int, str], tgt: psycopg.Connection[Any], *, when: str | None = None) -> Verification:
         """compare() for each shard of the batch (its source copy by source_schemas), as one verification whose
         tables a batch names schema-qualified."""
-        out = Verification(when=when or Verification().when)
-        for c in self.ctxs:
-            v = compare(src, source_schemas[c.shard], tgt, c.schema, [t.name for t in c.tables], **({"when": when} if when else {}))
-            if len(self.ctxs) > 1:
-                for t in v.tables:
-                    t.table = f"{c.schema}.{t.table}"
-            out.tables.extend(v.tables)
-        return out
+        kw = {"when": when} if when else {}
+        if len(self.ctxs) == 1:
+            return compare(src, source_schemas[self.ctx.shard], tgt, self.ctx.schema, [t.name for t in self.ctx.tables], **kw)
+        return compare_many(src, tgt, [(source_schemas[c.shard], c.schema, [t.name for t in c.tables]) for c in self.ctxs], **kw)
 
     def _start_checking(self, snap: psycopg.Connection[Any]) -> None:
         """The comparison at the cutover point only reads: the retired source copies take no more writes and snap
