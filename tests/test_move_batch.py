@@ -13,6 +13,7 @@ from moveshards import open_moves, quick_subscription_start, rows_of, setup_shar
 
 from pgidgen.cli import main
 from pgidgen.config import Config
+from pgidgen.init import init
 from pgidgen.move import MoveError, MoveOptions, batches, move_shards, resume_move, rollback_move, verify_move
 from pgidgen.move.journal import ONLINE_STEPS, POINT_OF_NO_RETURN
 from pgidgen.move.rebalance import rebalance
@@ -145,8 +146,8 @@ def test_kill9_of_a_batch_while_frozen_then_resume_by_another_of_its_shards(conf
 
 def test_a_batch_whose_estimated_pause_exceeds_max_pause_is_cut(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
     setup_shards(config, rows=20)
-    # each shard's cutover estimated at 200 ms: half of --max-pause 1s holds two
-    monkeypatch.setattr(batches, "PAUSE_PER_SHARD_S", 0.2)
+    # each shard's cutover estimated at about 190 ms: half of --max-pause 1s holds two
+    monkeypatch.setattr(batches, "PAUSE_PER_SHARD_S", 0.15)
     done: list[list[int]] = []
     reports = move_shards(config, BATCH, "db3", options=MoveOptions(max_pause=1.0), on_batch=lambda r: done.append(r.shards))
     assert [r.shards for r in reports] == [[0, 1], [2, 3]] == done
@@ -165,7 +166,7 @@ def test_a_batch_whose_cutover_does_not_fit_is_moved_as_halves(config: Config) -
         blocker.execute("LOCK TABLE shard_3.tags IN ROW EXCLUSIVE MODE")
         done: list[list[int]] = []
         with pytest.raises(MoveError, match="shard 3 did not move"):
-            move_shards(config, BATCH, "db3", options=MoveOptions(max_pause=0.2, attempts=1), on_batch=lambda r: done.append(r.shards))
+            move_shards(config, BATCH, "db3", options=MoveOptions(max_pause=1.0, attempts=1), on_batch=lambda r: done.append(r.shards))
         blocker.rollback()
     assert done == [[0, 1], [2]]
     assert all(state_of(config.dsn("db3"), s) == ("active", f"shard_{s}") for s in (0, 1, 2))
@@ -247,3 +248,21 @@ def test_a_batch_keeps_each_shards_grants_whatever_the_targets_default_privilege
     finally:
         with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
             c.execute("ALTER DEFAULT PRIVILEGES REVOKE INSERT ON TABLES FROM PUBLIC")
+
+
+def test_a_batch_carries_each_shards_ddl_ledger(config: Config, config_file: Path, tmp_path: Path) -> None:
+    assert all(o.ok for o in init(config, 8, ["db1", "db2"]))
+    schema = tmp_path / "schema.sql"
+    schema.write_text("CREATE TABLE photos (id bigint PRIMARY KEY DEFAULT next_id(), caption text);\n", encoding="utf-8")
+    runner = CliRunner()
+    res = runner.invoke(main, ["--config", str(config_file), "apply-ddl", str(schema)])
+    assert res.exit_code == 0, res.output
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        ledger = c.execute("SELECT shard, position, sha256, applied_at FROM pgidgen.ddl_ledger WHERE shard = ANY(%s) ORDER BY 1, 2", (BATCH,)).fetchall()
+    assert [r[0] for r in ledger] == BATCH
+    [report] = move_shards(config, BATCH, "db3")
+    assert report.verification is not None and report.verification.ok
+    with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+        assert c.execute("SELECT shard, position, sha256, applied_at FROM pgidgen.ddl_ledger ORDER BY 1, 2").fetchall() == ledger
+    res = runner.invoke(main, ["--config", str(config_file), "apply-ddl", str(schema)])
+    assert res.exit_code == 0 and "db3: up to date" in res.output, res.output

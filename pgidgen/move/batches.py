@@ -10,7 +10,7 @@ batch moved again as two halves (engine.move_shards).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..config import Config
@@ -21,11 +21,13 @@ if TYPE_CHECKING:
     from .context import ShardContext
     from .steps.base import MoveOptions
 
-#: The cutover's cost (seconds): a fixed part, per shard and per table. Measured with bench/bench_rebalance.py
-#: on 2 shared cores (PostgreSQL 15 and 18), rounded up.
-PAUSE_BASE_S = 0.03
-PAUSE_PER_SHARD_S = 0.002
-PAUSE_PER_TABLE_S = 0.0015
+#: The cutover's cost (seconds): a fixed part, per shard and per table (its retire renames the schema and puts a
+#: trigger on each table, each a catalog change; activate sets the generator and sequences). Measured with
+#: bench/bench_rebalance.py on 2 shared cores under other load (3.9 s for 93 shards of 2 tables), rounded up; a
+#: move of several batches corrects it by the pauses it measures (Pacer).
+PAUSE_BASE_S = 0.05
+PAUSE_PER_SHARD_S = 0.006
+PAUSE_PER_TABLE_S = 0.018
 #: The share of --max-pause a batch's estimated pause may take.
 PAUSE_SHARE = 0.5
 #: The share of a server's lock table (max_locks_per_transaction * (max_connections + max_prepared_transactions))
@@ -42,11 +44,11 @@ class ShardCost:
     relations: int  # tables, indexes, sequences, views: what the copy creates and holds locks on
 
 
-def estimate_pause(costs: Sequence[ShardCost]) -> float:
-    return PAUSE_BASE_S + sum(PAUSE_PER_SHARD_S + PAUSE_PER_TABLE_S * c.tables for c in costs)
+def estimate_pause(costs: Sequence[ShardCost], *, scale: float = 1.0) -> float:
+    return PAUSE_BASE_S + scale * sum(PAUSE_PER_SHARD_S + PAUSE_PER_TABLE_S * c.tables for c in costs)
 
 
-def cut(costs: Sequence[ShardCost], *, max_pause: float | None, lock_budget: int) -> list[list[ShardCost]]:
+def cut(costs: Sequence[ShardCost], *, max_pause: float | None, lock_budget: int, scale: float = 1.0) -> list[list[ShardCost]]:
     """Consecutive runs of the shards, each as long as its estimated pause (max_pause None: not limited) and
     lock count allow; a shard too large for either alone is a batch of one."""
     out: list[list[ShardCost]] = []
@@ -54,7 +56,7 @@ def cut(costs: Sequence[ShardCost], *, max_pause: float | None, lock_budget: int
     locks = 0
     for c in costs:
         need = c.relations + LOCKS_PER_SHARD
-        over_pause = max_pause is not None and estimate_pause([*batch, c]) > PAUSE_SHARE * max_pause
+        over_pause = max_pause is not None and estimate_pause([*batch, c], scale=scale) > PAUSE_SHARE * max_pause
         if batch and (over_pause or locks + need > lock_budget):
             out.append(batch)
             batch, locks = [], 0
@@ -84,6 +86,7 @@ class Batch:
     ctxs: list[ShardContext]
     pause_s: float  # estimated
     locks: int
+    costs: list[ShardCost] = field(default_factory=list)
 
     @property
     def shards(self) -> list[int]:
@@ -94,11 +97,12 @@ class Batch:
                 f" estimated write pause {self.pause_s * 1000:.0f} ms, about {self.locks} locks")
 
 
-def plan_batches(config: Config, ctxs: list[ShardContext], options: MoveOptions) -> list[Batch]:
+def plan_batches(config: Config, ctxs: list[ShardContext], options: MoveOptions) -> tuple[Pacer, list[Batch]]:
     """The batches a move of ctxs (one source, one target) runs as, in shard order. One shard is a batch of one
     (its move does not wait for the estimate, which it cannot change)."""
     if len(ctxs) == 1:
-        return [Batch(ctxs, estimate_pause([ShardCost(ctxs[0].shard, 0, 0)]), 0)]
+        one = ShardCost(ctxs[0].shard, 0, 0)
+        return Pacer(None, 1), [Batch(ctxs, estimate_pause([one]), 0, [one])]
     source, target = ctxs[0].source, ctxs[0].target
     with connect(source, config.dsn(source), autocommit=True) as src:
         rows = {r[0]: (int(r[1]), int(r[2])) for r in src.execute(COSTS_SQL, ([c.schema for c in ctxs],))}
@@ -108,5 +112,33 @@ def plan_batches(config: Config, ctxs: list[ShardContext], options: MoveOptions)
     costs = [ShardCost(c.shard, *rows.get(c.schema, (0, 0))) for c in ctxs]
     by_shard = {c.shard: c for c in ctxs}
     # offline, the pause is the whole copy anyway: batches are cut by locks only
-    runs = cut(costs, max_pause=None if options.offline else options.max_pause, lock_budget=max(1, int(capacity * LOCK_SHARE)))
-    return [Batch([by_shard[c.shard] for c in run], estimate_pause(run), sum(c.relations + LOCKS_PER_SHARD for c in run)) for run in runs]
+    pacer = Pacer(None if options.offline else options.max_pause, max(1, int(capacity * LOCK_SHARE)))
+    return pacer, pacer.cut(costs, by_shard)
+
+
+class Pacer:
+    """Cuts batches and corrects its estimate by the pauses it is told of: the next batches are cut with the
+    estimate scaled by measured / estimated (at most halved or quadrupled at a time)."""
+
+    def __init__(self, max_pause: float | None, lock_budget: int) -> None:
+        self.max_pause = max_pause
+        self.lock_budget = lock_budget
+        self.scale = 1.0
+
+    def cut(self, costs: Sequence[ShardCost], by_shard: dict[int, ShardContext]) -> list[Batch]:
+        runs = cut(costs, max_pause=self.max_pause, lock_budget=self.lock_budget, scale=self.scale)
+        return [Batch([by_shard[c.shard] for c in run], estimate_pause(run, scale=self.scale), sum(c.relations + LOCKS_PER_SHARD for c in run), list(run))
+                for run in runs]
+
+    def measured(self, batch: Batch, pause_s: float) -> bool:
+        """A batch's pause as it was: whether the estimate changed enough (a fifth) to cut the rest again."""
+        if self.max_pause is None or len(batch.costs) < 2:
+            return False
+        work = estimate_pause(batch.costs, scale=self.scale) - PAUSE_BASE_S
+        if work <= 0:
+            return False
+        ratio = min(4.0, max(0.5, (pause_s - PAUSE_BASE_S) / work))
+        if 0.8 <= ratio <= 1.25:
+            return False
+        self.scale *= ratio
+        return True

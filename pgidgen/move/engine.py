@@ -82,19 +82,22 @@ def move_shards(
     if not wanted:
         raise InputError("no shards to move", hint="name them like 10-19,42")
     ctxs = locate_batch(config, wanted, target)
-    queue = [b.ctxs for b in plan_batches(config, ctxs, opts)]
+    pacer, queue = plan_batches(config, ctxs, opts)
+    by_shard = {c.shard: c for c in ctxs}
     reports: list[MoveReport] = []
     while queue and not (should_stop is not None and should_stop()):
         batch = queue.pop(0)
         try:
-            report = _move_batch(config, batch, target, opts, progress, hook)
+            report = _move_batch(config, batch.ctxs, target, opts, progress, hook)
         except PauseExceeded:
-            if len(batch) == 1:
+            if len(batch.ctxs) == 1:
                 raise
-            rollback_move(config, batch[0].shard)  # nothing flipped: the source serves them all as before
-            half = len(batch) // 2
-            queue[:0] = [_fresh(batch[:half]), _fresh(batch[half:])]
+            rollback_move(config, batch.ctxs[0].shard)  # nothing flipped: the source serves them all as before
+            half = len(batch.ctxs) // 2
+            queue[:0] = [Batch(_fresh(batch.ctxs[:half]), 0.0, 0, batch.costs[:half]), Batch(_fresh(batch.ctxs[half:]), 0.0, 0, batch.costs[half:])]
             continue
+        if report.pause_ms is not None and pacer.measured(batch, report.pause_ms / 1000) and queue:
+            queue = pacer.cut([c for b in queue for c in b.costs], by_shard)  # the rest, cut again by what the pause was
         reports.append(report)
         if on_batch is not None:
             on_batch(report)
@@ -104,7 +107,7 @@ def move_shards(
 def plan_shards(config: Config, shards: Sequence[int], target: str, *, options: MoveOptions | None = None) -> list[Batch]:
     """The dry run of a set of shards: the batches it would move in, after the checks that need only the
     catalogs. Nothing is written."""
-    return plan_batches(config, locate_batch(config, sorted(set(shards)), target), options or MoveOptions())
+    return plan_batches(config, locate_batch(config, sorted(set(shards)), target), options or MoveOptions())[1]
 
 
 def _fresh(ctxs: list[ShardContext]) -> list[ShardContext]:

@@ -150,7 +150,7 @@ def compare_many(
     columns = column_hashes_of(source, [p[0] for p in pairs])
 
     def side(conn: psycopg.Connection[Any], mine: int) -> list[tuple[dict[str, tuple[int, str]], dict[str, int]]]:
-        return [checksums(conn, p[mine], p[2], columns[p[0]]) for p in pairs]
+        return [checksums(conn, p[0] if mine == 0 else p[1], p[2], columns[p[0]]) for p in pairs]
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         fs, ft = pool.submit(side, source, 0), pool.submit(side, target, 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import time
 
-from ...ddl.ledger import ledger_copy_sql
+from ...ddl.ledger import ledger_copy_sql_of
 from ...db import execute_script
 from .. import sqltext as q
 from ..context import MoveError
@@ -52,7 +52,7 @@ class ActivateStep(MoverBase):
 
     def _ledger(self) -> str:
         """The batch's DDL-ledger rows as SQL for the target (read before the pause: apply-ddl waits for moves)."""
-        return "".join(ledger_copy_sql(self.admin, c.shard) for c in self.ctxs)
+        return ledger_copy_sql_of(self.admin, self.shards)
 
     def _sequence_values(self, schemas: dict[int, str]) -> dict[int, list[q.SeqValue]]:
         """The shards' own sequences (serial, identity, ...) as they stand: last_value and is_called read from
