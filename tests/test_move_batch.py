@@ -266,3 +266,19 @@ def test_a_batch_carries_each_shards_ddl_ledger(config: Config, config_file: Pat
         assert c.execute("SELECT shard, position, sha256, applied_at FROM pgidgen.ddl_ledger ORDER BY 1, 2").fetchall() == ledger
     res = runner.invoke(main, ["--config", str(config_file), "apply-ddl", str(schema)])
     assert res.exit_code == 0 and "db3: up to date" in res.output, res.output
+
+
+def test_dry_run_of_a_set_prints_its_batches_and_changes_nothing(config: Config, config_file: Path) -> None:
+    setup_shards(config, rows=10)
+    runner = CliRunner()
+    res = runner.invoke(main, ["--config", str(config_file), "move-shard", "0-3", "db3", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0].startswith("-- 4 shards in 1 batch, each with one slot, publication, subscription, copy and cutover")
+    assert lines[1].startswith("-- shards 0-3 (4): db1 -> db3, estimated write pause ")
+    assert leftovers(config.databases) == [] and replication_objects_made(config.dsn("db1")) == 0
+    res = runner.invoke(main, ["--config", str(config_file), "move-shard", "0-3", "--resume"])
+    assert res.exit_code == 1 and "Error: --resume takes one shard, not 0-3" in res.output, res.output
+    res = runner.invoke(main, ["--config", str(config_file), "move-shard", "2-5", "db3"])
+    assert res.exit_code == 1 and "the shards of one move must be in one database: 2, 3 in db1; 4, 5 in db2" in res.output, res.output
+    assert replication_objects_made(config.dsn("db1")) == 0
