@@ -14,7 +14,6 @@ rate.
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
 import statistics
 import sys
@@ -24,10 +23,10 @@ from pathlib import Path
 
 import psycopg
 
+from bench_move import WriterProcess
 from common import section
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from movekit import Writer  # noqa: E402
 
 from pgidgen import sandbox  # noqa: E402
 from pgidgen.config import Config  # noqa: E402
@@ -40,35 +39,6 @@ MAJORS = [int(v) for v in os.environ.get("BENCH_REBALANCE_MAJORS", "15 18").spli
 SHARDS = int(os.environ.get("BENCH_REBALANCE_SHARDS", "2000"))
 TARGETS = [int(v) for v in os.environ.get("BENCH_REBALANCE_DATABASES", "2").split()]
 SINGLE = int(os.environ.get("BENCH_REBALANCE_SINGLE", "20"))
-
-
-class WriterProcess:
-    """movekit's Writer in a child process; stop() returns its acknowledged IDs and the gaps between them."""
-
-    def __init__(self, dsns: dict[str, str], shard: int) -> None:
-        ctx = multiprocessing.get_context("fork")
-        self.stop_event, self.ready = ctx.Event(), ctx.Event()
-        self.parent, child = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=self._run, args=(dsns, shard, child), daemon=True)
-        self.proc.start()
-        self.ready.wait(30)
-
-    def _run(self, dsns: dict[str, str], shard: int, out: object) -> None:
-        w = Writer(dsns, shard, delay=0.002)
-        w.start()
-        self.ready.set()
-        self.stop_event.wait()
-        w.stop_flag.set()
-        w.join()
-        out.send((w.ids, w.gaps))  # type: ignore[attr-defined]
-
-    def stop(self) -> tuple[list[int], list[float]]:
-        self.stop_event.set()
-        if not self.parent.poll(120):
-            raise RuntimeError(f"the writer process did not report (exit code {self.proc.exitcode})")
-        seen = self.parent.recv()
-        self.proc.join()
-        return seen
 
 
 def build(major: int, databases: int) -> tuple[list[sandbox.Server], Path, Config]:
@@ -120,9 +90,9 @@ def run() -> None:
                 assert result.ok, result.failures[:3]
                 moves = len(result.plan.moves)
                 pauses = [r.pause_ms or 0.0 for r in result.reports]
-                gaps = [g for _, gs in seen for g in gs]
-                for ids, _ in seen:
-                    assert len(ids) == len(set(ids)) and ids == sorted(ids), "a writer saw an ID twice or out of order"
+                gaps = [g for w in seen for g in w.gaps]
+                for w in seen:
+                    assert len(w.ids) == len(set(w.ids)) and w.ids == sorted(w.ids), "a writer saw an ID twice or out of order"
                 print(f"  rebalance: {moves} moves in {len(result.reports)} batches, {seconds:.1f} s, {moves / seconds:.1f} moves/s", flush=True)
                 print(f"  write pause (reported by the batches): median {statistics.median(pauses):.0f} ms, max {max(pauses):.0f} ms", flush=True)
                 print(f"  writers' gaps between acknowledged writes: max {max(gaps) * 1000:.0f} ms, p99 {p99(gaps) * 1000:.1f} ms", flush=True)

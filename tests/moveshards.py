@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from pgidgen.config import Config
+from pgidgen.move.journal import ONLINE_STEPS
 from pgidgen.init import init
 
 SHARDS = 8  # db1: 0-3, db2: 4-7, db3: none
@@ -91,3 +92,20 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+#: Where a move can be stopped: before each step, and inside the copy and the pause.
+POINTS = [*ONLINE_STEPS, "copy:restored", "cutover:frozen"]
+
+
+class Crash(Exception):
+    pass
+
+
+def crash_at(point: str):  # type: ignore[no-untyped-def]
+    def hook(where: str) -> None:
+        if where == point:
+            raise Crash(point)
+
+    return hook
+

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from movekit import Writer, leftovers
-from moveshards import open_moves, quick_subscription_start, rows_of, setup_shards, start_cli, state_of, wait_stopped  # noqa: F401 (an autouse fixture)
+from moveshards import POINTS, Crash, crash_at, open_moves, quick_subscription_start, rows_of, setup_shards, start_cli, state_of, wait_stopped  # noqa: F401 (an autouse fixture)
 
 from pgidgen.cli import main
 from pgidgen.config import Config
@@ -71,21 +71,6 @@ def test_a_batch_moves_under_writers_on_several_of_its_shards(config: Config) ->
     assert open_moves(config.dsn("db1")) == 0
     # the shard after it in db1's map was not part of the batch: still there
     assert state_of(config.dsn("db2"), 4) == ("active", "shard_4")
-
-
-POINTS = [*ONLINE_STEPS, "copy:restored", "cutover:frozen"]
-
-
-class Crash(Exception):
-    pass
-
-
-def crash_at(point: str):  # type: ignore[no-untyped-def]
-    def hook(where: str) -> None:
-        if where == point:
-            raise Crash(point)
-
-    return hook
 
 
 @pytest.mark.parametrize("point", POINTS)

@@ -355,9 +355,7 @@ SELECT pg_catalog.array_agg(DISTINCT rolname ORDER BY rolname) FROM roles JOIN p
 
 def check_roles(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any]) -> None:
     """The roles the shard's objects are owned by or granted to exist on the target (roles are per server)."""
-    needed = src.execute(ROLES_OF_SCHEMA_SQL, {"schema": ctx.schema}).fetchone()[0] or []  # type: ignore[index]
-    missing = tgt.execute("SELECT pg_catalog.array_agg(r ORDER BY r) FROM pg_catalog.unnest(%s::text[]) AS r"
-                          " WHERE r NOT IN (SELECT rolname FROM pg_catalog.pg_roles)", (list(needed),)).fetchone()[0]  # type: ignore[index]
+    missing = _missing_roles(src, tgt, ROLES_OF_SCHEMA_SQL, {"schema": ctx.schema})
     if missing:
         raise MoveError(
             f"{'roles' if len(missing) > 1 else 'role'} {', '.join(missing)} of {ctx.schema} (owner or grantee of its objects on {ctx.source})"
@@ -388,17 +386,30 @@ def check_outside_dependents(ctx: ShardContext, src: psycopg.Connection[Any]) ->
 def check_external_references(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any]) -> None:
     """What the shard's objects use outside its schema (a table its foreign key references, a type, a function)
     exists on the target too: otherwise the copy fails halfway, with the source's replication slot in place."""
-    missing = []
-    for kind, names, args, shown in src.execute(q.EXTERNAL_REFERENCES_SQL, {"schema": ctx.schema}).fetchall():
-        try:
-            tgt.execute("SELECT pg_catalog.pg_get_object_address(%s, %s, %s)", (kind, names, args))
-        except psycopg.Error:
-            missing.append(str(shown))
+    missing = _missing_references(src, tgt, q.EXTERNAL_REFERENCES_SQL, {"schema": ctx.schema})
     if missing:
         raise MoveError(
             f"{ctx.schema} uses {describe_dependents(missing)} from outside the shard, missing on {ctx.target}",
             hint=f"create {'them' if len(missing) > 1 else 'it'} on {ctx.target} first (CREATE EXTENSION, if an extension provides {'them' if len(missing) > 1 else 'it'}), then move",
         )
+
+
+def _missing_roles(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], sql: str, params: dict[str, Any]) -> list[str]:
+    """The roles sql (ROLES_OF_SCHEMA_SQL) finds on the source that the target's server lacks."""
+    needed = src.execute(sql, params).fetchone()[0] or []  # type: ignore[index]
+    return list(tgt.execute("SELECT pg_catalog.array_agg(r ORDER BY r) FROM pg_catalog.unnest(%s::text[]) AS r"
+                            " WHERE r NOT IN (SELECT rolname FROM pg_catalog.pg_roles)", (list(needed),)).fetchone()[0] or [])  # type: ignore[index]
+
+
+def _missing_references(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], sql: str, params: dict[str, Any]) -> list[str]:
+    """The objects sql (EXTERNAL_REFERENCES_SQL) finds used on the source that the target does not have."""
+    missing = []
+    for kind, names, args, shown in src.execute(sql, params).fetchall():
+        try:
+            tgt.execute("SELECT pg_catalog.pg_get_object_address(%s, %s, %s)", (kind, names, args))
+        except psycopg.Error:
+            missing.append(str(shown))
+    return missing
 
 
 def _what(ctxs: list[ShardContext]) -> str:
@@ -420,21 +431,14 @@ def check_batch(ctxs: list[ShardContext], src: psycopg.Connection[Any], tgt: psy
             f"objects outside {_what(ctxs)} on {ctx.source} depend on them and cannot move with them: {describe_dependents(found)}",
             hint="drop them or make them independent of the shards first (a shard's objects belong in its schema)",
         )
-    needed = src.execute(ROLES_OF_SCHEMA_SQL.replace("nspname = %(schema)s", "nspname = ANY(%(schemas)s)"), {"schemas": schemas}).fetchone()[0] or []  # type: ignore[index]
-    missing = tgt.execute("SELECT pg_catalog.array_agg(r ORDER BY r) FROM pg_catalog.unnest(%s::text[]) AS r"
-                          " WHERE r NOT IN (SELECT rolname FROM pg_catalog.pg_roles)", (list(needed),)).fetchone()[0]  # type: ignore[index]
+    missing = _missing_roles(src, tgt, ROLES_OF_SCHEMA_SQL.replace("nspname = %(schema)s", "nspname = ANY(%(schemas)s)"), {"schemas": schemas})
     if missing:
         raise MoveError(
             f"{'roles' if len(missing) > 1 else 'role'} {', '.join(missing)} of {_what(ctxs)} (owner or grantee of their objects on {ctx.source})"
             f" {'do' if len(missing) > 1 else 'does'} not exist on {ctx.target}",
             hint=f"create {'them' if len(missing) > 1 else 'it'} on {ctx.target} (roles belong to the server, not the database), then move",
         )
-    gone = []
-    for kind, names, args, shown in src.execute(q.EXTERNAL_REFERENCES_ANY_SQL, {"schemas": schemas}).fetchall():
-        try:
-            tgt.execute("SELECT pg_catalog.pg_get_object_address(%s, %s, %s)", (kind, names, args))
-        except psycopg.Error:
-            gone.append(str(shown))
+    gone = _missing_references(src, tgt, q.EXTERNAL_REFERENCES_ANY_SQL, {"schemas": schemas})
     if gone:
         raise MoveError(
             f"{_what(ctxs)} use {describe_dependents(gone)} from outside the shards, missing on {ctx.target}",
