@@ -95,6 +95,10 @@ def run() -> None:
                     assert len(w.ids) == len(set(w.ids)) and w.ids == sorted(w.ids), "a writer saw an ID twice or out of order"
                 print(f"  rebalance: {moves} moves in {len(result.reports)} batches, {seconds:.1f} s, {moves / seconds:.1f} moves/s", flush=True)
                 print(f"  write pause (reported by the batches): median {statistics.median(pauses):.0f} ms, max {max(pauses):.0f} ms", flush=True)
+                longest = max(result.reports, key=lambda r: r.pause_ms or 0.0)
+                print(f"  the longest, {len(longest.shards)} shards: " + ", ".join(f"{k} {v:.0f}" for k, v in longest.pause_parts.items()), flush=True)
+                sizes = [len(r.shards) for r in result.reports]
+                print(f"  batch sizes: first {sizes[0]}, median {statistics.median(sizes):.0f}, max {max(sizes)}", flush=True)
                 print(f"  writers' gaps between acknowledged writes: max {max(gaps) * 1000:.0f} ms, p99 {p99(gaps) * 1000:.1f} ms", flush=True)
                 rate = one_at_a_time(config, "db2")
                 print(f"  baseline, one shard per move: {rate:.2f} moves/s, {1000 / rate:.0f} s for 1000 moves;"

@@ -38,6 +38,7 @@ class ActivateStep(MoverBase):
             self.journal.note("activate", last_ids={str(k): v for k, v in last_ids.items()}, ahead_ms=ahead)
         sub = None if self.opts.offline else (self.names.subscription if self._sub_oid() else None)
         ledger = self.ledger_sql if self.ledger_sql is not None else self._ledger()
+        t_activate = time.perf_counter()
         with self.tgt.transaction():
             execute_script(self.tgt, ledger)
             execute_script(self.tgt, "".join(
@@ -47,8 +48,11 @@ class ActivateStep(MoverBase):
         if self.snapshot is not None and self.verification is None and self.checking is None:
             self._start_checking(self.snapshot)
         if started is not None:
-            self.report.pause_ms = (time.perf_counter() - started) * 1000
-            self.journal.note("activate", pause_ms=round(self.report.pause_ms, 1))
+            done = time.perf_counter()
+            self.report.pause_ms = (done - started) * 1000
+            parts = dict(self.pause_parts, read_ms=t_activate - started - sum(self.pause_parts.values()), activate_ms=done - t_activate)
+            self.report.pause_parts = {k: round(v * 1000, 1) for k, v in parts.items()}
+            self.journal.note("activate", pause_ms=round(self.report.pause_ms, 1), pause_parts=self.report.pause_parts)
 
     def _ledger(self) -> str:
         """The batch's DDL-ledger rows as SQL for the target (read before the pause: apply-ddl waits for moves)."""

@@ -74,6 +74,7 @@ class MoveReport:
     shards: list[int] = field(default_factory=list)  # the batch (shard is its lowest)
     retired_schemas: dict[int, str] = field(default_factory=dict)  # per shard of the batch
     bytes_copied: int = 0
+    pause_parts: dict[str, float] = field(default_factory=dict)  # ms: where the pause went
 
     def __post_init__(self) -> None:
         self.shards = self.shards or [self.shard]
@@ -88,7 +89,7 @@ class MoveReport:
             "status": self.status, "pause_ms": self.pause_ms, "seconds": round(self.seconds, 3), "last_id": self.last_id,
             "clock_skew_ms": self.skew_ms, "retired_schema": self.retired_schema, "cutover_attempts": self.attempts,
             "retired_schemas": {str(k): v for k, v in sorted(self.retired_schemas.items())}, "bytes_copied": self.bytes_copied,
-            "notes": self.notes,
+            "pause_parts_ms": self.pause_parts, "notes": self.notes,
         }
         if self.verification is not None:
             out["verification"] = self.verification.as_dict()
@@ -204,6 +205,7 @@ class MoverBase:
         self.t0 = time.perf_counter()
         self.resumed_step: str | None = None  # the step a resumed run starts from
         self.ledger_sql: str | None = None  # activate's DDL-ledger rows, rendered before the pause
+        self.pause_parts: dict[str, float] = {}  # seconds: lock, compare, catchup, retire (cutover), then activate's
 
     # connections ----------------------------------------------------------------------------------
     @property

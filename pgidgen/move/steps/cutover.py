@@ -132,7 +132,8 @@ class CutoverSteps(MoverBase):
                 src.rollback()
                 whose = "the shard's tables" if len(self.ctxs) == 1 else f"the tables of {self.what}"
                 raise CutoverAborted(f"{whose} could not be locked within --max-pause {budget * 1000:.0f} ms (long transactions on them?)") from None
-            waited = time.perf_counter() - t_start > LOCK_WAIT_RECHECK
+            t_frozen = time.perf_counter()
+            waited = t_frozen - t_start > LOCK_WAIT_RECHECK
             mine_all = self._tables_as_they_stand(src, schemas, prepare=not self.opts.offline)
             for c in self.ctxs:
                 mine, schema = mine_all.get(c.schema, {}), c.schema
@@ -154,6 +155,7 @@ class CutoverSteps(MoverBase):
                         f"the tables of {schema} changed during the move ({'; '.join(changed)})", where=self.ctx.source,
                         hint=f"nothing was flipped; roll back with --rollback {shard} and move again",
                     )
+            t_checked = time.perf_counter()
             if self.opts.offline:
                 self._offline_copy()
             elif not self._beat(deadline):
@@ -174,9 +176,13 @@ class CutoverSteps(MoverBase):
                         hint=f"nothing was flipped; the source keeps serving; roll back with --rollback {shard}",
                     )
                 self.verification = v
+            t_caught = time.perf_counter()
             execute_script(src, "".join(q.retire_sql(c.shard, c.schema, retired[c.shard], guarded[c.shard], self.ctx.target) for c in self.ctxs))
             src.commit()
             committed = True
+            t_retired = time.perf_counter()
+            self.pause_parts = {"lock_ms": t_frozen - t_start, "compare_ms": t_checked - t_frozen, "catchup_ms": t_caught - t_checked,
+                                "retire_ms": t_retired - t_caught}
             for c in self.ctxs:
                 c.source_schema = retired[c.shard]
             self.pause_started = t_start
