@@ -75,6 +75,7 @@ class Seen:
     ids: list[int]
     errors: list[str]
     max_gap: float
+    gaps: list[float]  # between two acknowledged writes
 
 
 class WriterProcess:
@@ -96,7 +97,7 @@ class WriterProcess:
         self.stop_event.wait()
         w.stop_flag.set()
         w.join()
-        out.send((w.ids, w.errors, w.max_gap))  # type: ignore[attr-defined]
+        out.send((w.ids, w.errors, w.max_gap, w.gaps))  # type: ignore[attr-defined]
 
     def stop(self) -> Seen:
         self.stop_event.set()

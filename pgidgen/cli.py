@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -470,7 +471,7 @@ class _CopyBar(Bar):
 
 
 @main.command("move-shard")
-@click.argument("shard", type=int)
+@click.argument("shard", metavar="SHARDS")
 @click.argument("target", required=False, metavar="[TARGET_DB]")
 @click.option("--max-pause", default="1s", show_default=True, metavar="DURATION", help="Longest write pause allowed at the cutover; longer catch-up aborts it.")
 @click.option("--offline", is_flag=True, help="No logical replication: dump and restore under a write lock (writes pause for the whole copy).")
@@ -484,24 +485,40 @@ class _CopyBar(Bar):
 @click.option("--subscription-dsn", metavar="CONNINFO", help="How the target server reaches the source (default: the source's DSN from the config).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report, no progress bar.")
 @click.pass_context
-def move_shard_cmd(ctx: click.Context, shard: int, target: str | None, max_pause: str, offline: bool, dry_run: bool, resume: bool,
+def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause: str, offline: bool, dry_run: bool, resume: bool,
                    rollback: bool, verify_only: bool, cleanup: bool, drop_source: bool, verify_in_pause: bool,
                    subscription_dsn: str | None, as_json: bool) -> None:
-    """Move logical SHARD to TARGET_DB online (logical replication), verified and crash-safe."""
+    """Move logical SHARDS (a number, or a set like 10-19,42) to TARGET_DB online (logical replication), verified
+    and crash-safe. A set moves in batches: one replication stream and one write pause each."""
     from . import move
+    from .errors import InputError
+    from .ranges import collapse, expand
 
     config = get_config(ctx)
+    shards = sorted(set(expand(shard)))
+    if not shards:
+        raise InputError(f"{shard!r} names no shard", hint="write shards like 7 or 10-19,42")
     modes = [n for n, on in (("--resume", resume), ("--rollback", rollback), ("--verify", verify_only), ("--cleanup", cleanup)) if on]
     if len(modes) > 1:
         raise ConfigError(f"{' and '.join(modes)} cannot be combined", hint="give one of them")
     if not modes and target is None:
         raise ConfigError("TARGET_DB is missing", hint=f"pgidgen move-shard {shard} DB (databases: {', '.join(config.databases)})")
+    if modes and len(shards) > 1:
+        raise InputError(f"{modes[0]} takes one shard, not {collapse(shards)}",
+                         hint="name any one shard of the move (a batch's other shards follow it)" if resume or rollback else "give them one at a time")
     opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline, drop_source=drop_source, verify_in_pause=verify_in_pause,
                             subscription_conninfo=subscription_dsn)
     if dry_run:
         if modes:
             raise ConfigError("--dry-run plans a new move", hint=f"drop {modes[0]}")
-        for step in move.plan_move(config, shard, target or "", options=opts):
+        if len(shards) > 1:
+            batches = move.plan_shards(config, shards, target or "", options=opts)
+            click.echo(f"-- {len(shards)} shards in {len(batches)} batch{'es' if len(batches) > 1 else ''}, each with one slot, publication,"
+                       " subscription, copy and cutover (the steps 'pgidgen move-shard N --dry-run' prints, for all its shards at once):")
+            for b in batches:
+                click.echo(f"-- {b.line()}")
+            return
+        for step in move.plan_move(config, shards[0], target or "", options=opts):
             click.echo(f"-- [{step.name}] on {step.database}: {step.what}")
             for lock in step.locks:
                 click.echo(f"--   lock: {lock}")
@@ -509,7 +526,7 @@ def move_shard_cmd(ctx: click.Context, shard: int, target: str | None, max_pause
                 click.echo(step.sql.rstrip("\n"))
         return
     if verify_only or cleanup:
-        result: Any = move.verify_move(config, shard) if verify_only else move.cleanup(config, shard)
+        result: Any = move.verify_move(config, shards[0]) if verify_only else move.cleanup(config, shards[0])
         if as_json:
             click.echo(json.dumps(result.as_dict(), indent=2))
         elif cleanup:
@@ -521,18 +538,21 @@ def move_shard_cmd(ctx: click.Context, shard: int, target: str | None, max_pause
         if verify_only and not result.ok:
             ctx.exit(1)
         return
-    bar = _CopyBar(interactive(as_json), f"copying shard {shard}")
+    bar = _CopyBar(interactive(as_json), f"copying shard{'s' if len(shards) > 1 else ''} {collapse(shards)}")
     try:
         if rollback:
-            report = move.rollback_move(config, shard)
+            reports = [move.rollback_move(config, shards[0])]
         elif resume:
-            report = move.resume_move(config, shard, options=opts, progress=bar.show)
+            reports = [move.resume_move(config, shards[0], options=opts, progress=bar.show)]
         else:
-            report = move.move_shard(config, shard, target or "", options=opts, progress=bar.show)
+            reports = move.move_shards(config, shards, target or "", options=opts, progress=bar.show)
     finally:
         bar.close()
-    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else "\n".join(report.lines()))
-    if report.verification is not None and not report.verification.ok:
+    if as_json:
+        click.echo(json.dumps(reports[0].as_dict() if len(reports) == 1 else {"batches": [r.as_dict() for r in reports]}, indent=2))
+    else:
+        click.echo("\n".join(line for r in reports for line in r.lines()))
+    if any(r.verification is not None and not r.verification.ok for r in reports):
         ctx.exit(1)
 
 
@@ -555,6 +575,7 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
     """Move shards so every database holds an even share of bytes (or of shards), several moves at once."""
     from . import move
     from .move.rebalance import plan_rebalance, rebalance
+    from .ranges import collapse
 
     config = get_config(ctx)
     names = config.select(databases)
@@ -563,9 +584,23 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
         plan = plan_rebalance(config, names, by=by)
         click.echo(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()))
         return
-    show = (lambda m, r: click.echo(f"shard {m.shard}: {m.source} -> {m.target}: "
-                                    + (f"FAILED: {scrub(r.render())}" if isinstance(r, PgidgenError) else f"done, pause {r.pause_ms or 0:.0f} ms"), err=True))
-    result = rebalance(config, names, parallel=parallel, options=opts, by=by, on_done=None if as_json else show)
+    total = len(plan_rebalance(config, names, by=by).moves)
+    t0, tally = time.monotonic(), {"shards": 0, "bytes": 0}
+
+    def show(r: Any, shards: list[int]) -> None:
+        """A line per batch: what it did, the shards and bytes done so far, and an ETA from the rate so far."""
+        if isinstance(r, PgidgenError):
+            click.echo(f"shards {collapse(shards)}: FAILED: {scrub(r.render())}", err=True)
+            return
+        tally["shards"] += len(shards)
+        tally["bytes"] += r.bytes_copied
+        elapsed = time.monotonic() - t0
+        eta = elapsed / tally["shards"] * max(0, total - tally["shards"]) if total and tally["shards"] else 0.0
+        click.echo(f"shards {collapse(shards)}: {r.source} -> {r.target}: {'resumed, ' if any('resumed' in n for n in r.notes) else ''}done,"
+                   f" pause {r.pause_ms or 0:.0f} ms; {tally['shards']}/{total} shards, {tally['bytes'] / 1e6:.1f} MB"
+                   + (f", ETA {eta:.0f}s" if tally["shards"] < total else ""), err=True)
+
+    result = rebalance(config, names, parallel=parallel, options=opts, by=by, on_batch=None if as_json else show)
     if not as_json:
         from .shardmap import read_map
 

@@ -23,6 +23,7 @@ class Writer(threading.Thread):
         self.ids: list[int] = []
         self.errors: list[str] = []
         self.max_gap = 0.0
+        self.gaps: list[float] = []  # between two acknowledged writes, in order
         self.stop_flag = threading.Event()
         self.conns: dict[str, psycopg.Connection[Any]] = {}
 
@@ -61,6 +62,7 @@ class Writer(threading.Thread):
                 continue
             now = time.perf_counter()
             self.max_gap = max(self.max_gap, now - last)
+            self.gaps.append(now - last)
             last = now
             assert row is not None
             self.ids.append(int(row[0]))

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from pgidgen.config import Config
+from pgidgen.move.journal import ONLINE_STEPS
 from pgidgen.init import init
 
 SHARDS = 8  # db1: 0-3, db2: 4-7, db3: none
@@ -97,3 +98,20 @@ def alive(pid: int) -> bool:
 def no_bytes(output: str) -> list[str]:
     """Output lines without the sizes in them (", 96 kB", " (48 kB)"): they differ between PostgreSQL majors."""
     return [re.sub(r",? \(?[0-9.]+ (bytes|kB|MB|GB)\)?", "", line) for line in output.splitlines()]
+
+
+#: Where a move can be stopped: before each step, and inside the copy and the pause.
+POINTS = [*ONLINE_STEPS, "copy:restored", "cutover:frozen"]
+
+
+class Crash(Exception):
+    pass
+
+
+def crash_at(point: str):  # type: ignore[no-untyped-def]
+    def hook(where: str) -> None:
+        if where == point:
+            raise Crash(point)
+
+    return hook
+

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from movekit import leftovers
-from moveshards import alive, open_moves, quick_subscription_start, rows_of, setup_shards, start_cli, state_of, wait_stopped  # noqa: F401 (an autouse fixture)
+from moveshards import POINTS, Crash, alive, crash_at, open_moves, quick_subscription_start, rows_of, setup_shards, start_cli, state_of, wait_stopped  # noqa: F401 (an autouse fixture)
 
 from pgidgen.cli import main
 from pgidgen.config import Config
@@ -29,21 +29,6 @@ def test_offline_move_interrupted_after_the_target_committed_resumes(config: Con
     assert report.status == "done" and report.verification is not None and report.verification.ok
     assert rows_of(config.dsn("db3"), "shard_1") == source_rows
     assert leftovers(config.databases) == []
-
-
-POINTS = [*ONLINE_STEPS, "copy:restored", "cutover:frozen"]
-
-
-class Crash(Exception):
-    pass
-
-
-def crash_at(point: str):  # type: ignore[no-untyped-def]
-    def hook(where: str) -> None:
-        if where == point:
-            raise Crash(point)
-
-    return hook
 
 
 @pytest.mark.parametrize("point", POINTS)

@@ -197,6 +197,24 @@ def ledger_copy_sql(conn: psycopg.Connection[Any], shard: int) -> str:
     )
 
 
+def ledger_copy_sql_of(conn: psycopg.Connection[Any], shards: Sequence[int]) -> str:
+    """ledger_copy_sql for a batch of shards: the ledger read once, one INSERT for all their rows."""
+    if len(shards) == 1:
+        return ledger_copy_sql(conn, shards[0])
+    led = read_ledger(conn)
+    positions = sorted({p for s in shards for p in led.shards.get(s, ())})
+    if not positions:
+        return ""
+    rows = conn.execute("SELECT shard, position, applied_at::text FROM pgidgen.ddl_ledger WHERE shard = ANY(%s) ORDER BY shard, position",
+                        (list(shards),)).fetchall()
+    values = ",\n".join(f"({s}, {p}, {literal(led.files[p].sha256)}, {literal(at)}::timestamptz)" for s, p, at in rows)
+    return (
+        ledger_tables_sql()
+        + render_files([led.files[p] for p in positions])
+        + f"INSERT INTO pgidgen.ddl_ledger (shard, position, sha256, applied_at) VALUES\n{values}\nON CONFLICT (shard, position) DO NOTHING;\n"
+    )
+
+
 def read_history(config: Any, names: Sequence[str]) -> dict[int, FileVersion]:
     """The global DDL history from every named database (init reads it before creating shards)."""
     from ..db import read_each

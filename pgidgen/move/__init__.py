@@ -3,7 +3,8 @@
 - context.py   finding the shard and the read-only checks before a move
 - sqltext.py   every statement a move runs, rendered as text (the dry run prints these)
 - journal.py   the journal on the source database: each step recorded before it runs
-- engine.py    the driver: checks, journal, the steps in order; resume and rollback
+- engine.py    the driver: checks, journal, the steps in order; resume and rollback; a set of shards in batches
+- batches.py   how a set of shards is cut into batches (estimated pause, lock table)
 - steps/       one module per phase: prepare, copy, replication (publication, subscription, catchup, teardown),
                cutover, activate, verify, rollback
 - transfer.py  the rows: binary COPY streams at the slot's snapshot into one target transaction
@@ -18,10 +19,10 @@ from __future__ import annotations
 
 from .cleanup import CleanupReport, cleanup, verify_move
 from .context import MoveError
-from .engine import CopyProgress, MoveOptions, MoveReport, move_shard, resume_move, rollback_move
+from .engine import CopyProgress, MoveOptions, MoveReport, move_shard, move_shards, plan_shards, resume_move, rollback_move
 from .plan import plan_move
 
 __all__ = [
     "CleanupReport", "CopyProgress", "MoveError", "MoveOptions", "MoveReport",
-    "cleanup", "move_shard", "plan_move", "resume_move", "rollback_move", "verify_move",
+    "cleanup", "move_shard", "move_shards", "plan_move", "plan_shards", "resume_move", "rollback_move", "verify_move",
 ]

@@ -11,7 +11,7 @@ from ..db import connect
 from ..errors import ConflictError
 from . import sqltext as q
 from .context import MoveError, describe_dependents, outside_dependents, read_states
-from .journal import MoveRecord, has_journal, open_move
+from .journal import MEMBER_SQL, MoveRecord, has_journal, open_move, retired_names
 from .verify import Verification, compare
 
 
@@ -87,7 +87,7 @@ def last_done_move(config: Config, shard: int) -> MoveRecord:
                 continue
             row = conn.execute(
                 "SELECT finished_at, move_id, shard, source, target, mode, token, step, status, detail FROM pgidgen.moves"
-                " WHERE shard = %s AND status = 'done' ORDER BY finished_at DESC LIMIT 1", (shard,)).fetchone()
+                f" WHERE {MEMBER_SQL} AND status = 'done' ORDER BY finished_at DESC LIMIT 1", {"shard": shard}).fetchone()
         finally:
             conn.close()
         if row is not None and (best is None or row[0] > best[0]):
@@ -100,13 +100,14 @@ def last_done_move(config: Config, shard: int) -> MoveRecord:
 def verify_move(config: Config, shard: int) -> Verification:
     """Compare the shard now with the read-only source copy its last move left behind."""
     rec = last_done_move(config, shard)
-    retired = rec.detail.get("retired_schema")
+    retired = retired_names(rec).get(shard)
     src = connect(rec.source, config.dsn(rec.source), autocommit=True)
     tgt = connect(rec.target, config.dsn(rec.target), autocommit=True)
     try:
         row = src.execute("SELECT schema_name FROM pgidgen.shards WHERE shard = %s AND state = 'retired'", (shard,)).fetchone()
         if row is None or row[0] != retired:
             raise MoveError(f"the source copy of shard {shard} ({rec.source}.{retired}) is gone", hint="it was dropped by --cleanup; nothing to compare with")
+        assert retired is not None
         tables = [r[0] for r in src.execute(
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r' ORDER BY 1",
             (retired,))]

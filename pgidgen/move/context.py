@@ -15,6 +15,7 @@ from ..config import Config
 from ..db import connect, read_each
 from ..errors import ConfigError, ConflictError, DatabaseError, InputError, PgidgenError
 from ..idgen import schema_name
+from ..ranges import collapse
 from ..layout import Layout
 from .journal import POINT_OF_NO_RETURN, lock_holder, open_move
 from . import sqltext as q
@@ -93,24 +94,49 @@ def find_holder(shard: int, states: dict[str, CatalogState], down: dict[str, str
 def locate(config: Config, shard: int, target: str) -> ShardContext:
     """The source of shard and the checks that need only the catalogs: known names, not the same database,
     target free of the shard, same layout."""
+    return locate_batch(config, [shard], target)[0]
+
+
+def locate_batch(config: Config, shards: list[int], target: str) -> list[ShardContext]:
+    """locate for a batch: one read of every catalog, every shard checked, all in one source database."""
     config.dsn(target)  # unknown database: ConfigError naming the configured ones
-    states, down = read_states(config, need=(target,), shard=shard)  # the other shards' schemas: ~100 ms per 2000
-    layout, count = check_shard_number(shard, states)
-    for name, st in states.items():  # an unfinished move of this shard, wherever its journal is
-        if st.has_catalog and shard in st.shards:
+    # one shard: of the shard schemas, only its own (~100 ms per 2000 otherwise); a batch reads them all once
+    states, down = read_states(config, need=(target,), shard=shards[0] if len(shards) == 1 else None)
+    layout, count = check_shard_number(shards[0], states)
+    for shard in shards[1:]:
+        check_shard_number(shard, states)
+    for name, st in states.items():  # an unfinished move of these shards, wherever its journal is
+        mine = [s for s in shards if st.has_catalog and s in st.shards]
+        if mine:
             conn = connect(name, config.dsn(name), autocommit=True)
             try:
-                check_no_other_move(conn, name, shard)
+                for shard in mine:
+                    check_no_other_move(conn, name, shard)
             finally:
                 conn.close()
-    source = find_holder(shard, states, down)
+    holders = {shard: find_holder(shard, states, down) for shard in shards}
+    sources = sorted(set(holders.values()))
+    if len(sources) > 1:
+        raise ConflictError(
+            "the shards of one move must be in one database: " + "; ".join(f"{', '.join(str(s) for s in shards if holders[s] == n)} in {n}" for n in sources),
+            hint="move the shards of each database with a move-shard of their own",
+        )
+    source = sources[0]
     if source == target:
-        raise ConflictError(f"shard {shard} is already in database {target}", hint="name another database to move it to")
+        held = [s for s in shards if holders[s] == target]
+        raise ConflictError(f"shard{'s' if len(held) > 1 else ''} {', '.join(map(str, held))} {'are' if len(held) > 1 else 'is'} already in database {target}",
+                            hint="name another database to move it to")
     tst = states[target]
     if tst.foreign_catalog:
         raise ConflictError(f"database {target} has a schema named pgidgen that pgidgen did not create", hint="rename or drop that schema")
     if tst.layout is not None and tst.layout != layout:
         raise ConflictError(f"database {target} was initialised with a different ID layout than {source}", hint="a shard can only move between databases of one layout")
+    for shard in shards:
+        _check_target_free(shard, target, tst)
+    return [ShardContext(shard=shard, source=source, target=target, layout=layout, shard_count=count, states=states) for shard in shards]
+
+
+def _check_target_free(shard: int, target: str, tst: CatalogState) -> None:
     held = tst.shards.get(shard)
     if held == "retired":
         raise ConflictError(
@@ -129,16 +155,18 @@ def locate(config: Config, shard: int, target: str) -> ShardContext:
             f"database {target} already has a schema {schema_name(shard)} that pgidgen did not create",
             hint="rename or drop it; pgidgen never overwrites a schema it does not own",
         )
-    return ShardContext(shard=shard, source=source, target=target, layout=layout, shard_count=count, states=states)
 
 
 def read_tables(conn: psycopg.Connection[Any], schema: str) -> tuple[list[TableInfo], list[str]]:
-    tables = [
-        TableInfo(name=r[0], persistence=r[1], identity_ok=bool(r[2]), identity=r[3], est_rows=int(r[4]), bytes=int(r[5]),
-                  unequal=unequal_columns(conn, schema, r[0]) if r[6] else (), replica_triggers=tuple(r[7] or ()))
-        for r in conn.execute(
+    return read_tables_of(conn, [schema])[schema]
+
+
+def read_tables_of(conn: psycopg.Connection[Any], schemas: list[str]) -> dict[str, tuple[list[TableInfo], list[str]]]:
+    """Each schema's tables (with what the checks need) and its own sequences: two queries for all of them."""
+    out: dict[str, tuple[list[TableInfo], list[str]]] = {s: ([], []) for s in schemas}
+    for r in conn.execute(
             """
-            SELECT c.relname, c.relpersistence,
+            SELECT n.nspname, c.relname, c.relpersistence,
                    CASE c.relreplident
                      WHEN 'f' THEN true
                      WHEN 'd' THEN EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
@@ -151,24 +179,24 @@ def read_tables(conn: psycopg.Connection[Any], schema: str) -> tuple[list[TableI
                    ARRAY(SELECT tg.tgname::text FROM pg_trigger tg WHERE tg.tgrelid = c.oid AND NOT tg.tgisinternal
                          AND tg.tgenabled IN ('A', 'R') ORDER BY tg.tgname)
             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-            WHERE n.nspname = %s AND c.relkind = 'r'
+            WHERE n.nspname = ANY(%s) AND c.relkind = 'r'
             ORDER BY c.relname
             """,
-            (schema,),
-        )
-    ]
-    for t in tables:
+            (schemas,),
+    ).fetchall():
+        schema = r[0]
+        t = TableInfo(name=r[1], persistence=r[2], identity_ok=bool(r[3]), identity=r[4], est_rows=int(r[5]), bytes=int(r[6]),
+                      unequal=unequal_columns(conn, schema, r[1]) if r[7] else (), replica_triggers=tuple(r[8] or ()))
         if t.est_rows < 0:  # never analysed: count, so the progress bar has a total
             t.est_rows = int(conn.execute(f"SELECT count(*) FROM ONLY {_q(schema, t.name)}").fetchone()[0])  # type: ignore[index]
-    sequences = [
-        r[0]
-        for r in conn.execute(
-            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s AND c.relkind = 'S' AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset') ORDER BY 1",
-            (schema,),
-        )
-    ]
-    return tables, sequences
+        out[schema][0].append(t)
+    for schema, name in conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = ANY(%s) AND c.relkind = 'S' AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset') ORDER BY 1, 2",
+        (schemas,),
+    ):
+        out[schema][1].append(name)
+    return out
 
 
 #: Per column, the type whose equality counts: domains by their base type, arrays by their element's (array
@@ -335,9 +363,7 @@ SELECT pg_catalog.array_agg(DISTINCT rolname ORDER BY rolname) FROM roles JOIN p
 
 def check_roles(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any]) -> None:
     """The roles the shard's objects are owned by or granted to exist on the target (roles are per server)."""
-    needed = src.execute(ROLES_OF_SCHEMA_SQL, {"schema": ctx.schema}).fetchone()[0] or []  # type: ignore[index]
-    missing = tgt.execute("SELECT pg_catalog.array_agg(r ORDER BY r) FROM pg_catalog.unnest(%s::text[]) AS r"
-                          " WHERE r NOT IN (SELECT rolname FROM pg_catalog.pg_roles)", (list(needed),)).fetchone()[0]  # type: ignore[index]
+    missing = _missing_roles(src, tgt, ROLES_OF_SCHEMA_SQL, {"schema": ctx.schema})
     if missing:
         raise MoveError(
             f"{'roles' if len(missing) > 1 else 'role'} {', '.join(missing)} of {ctx.schema} (owner or grantee of its objects on {ctx.source})"
@@ -368,16 +394,63 @@ def check_outside_dependents(ctx: ShardContext, src: psycopg.Connection[Any]) ->
 def check_external_references(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any]) -> None:
     """What the shard's objects use outside its schema (a table its foreign key references, a type, a function)
     exists on the target too: otherwise the copy fails halfway, with the source's replication slot in place."""
-    missing = []
-    for kind, names, args, shown in src.execute(q.EXTERNAL_REFERENCES_SQL, {"schema": ctx.schema}).fetchall():
-        try:
-            tgt.execute("SELECT pg_catalog.pg_get_object_address(%s, %s, %s)", (kind, names, args))
-        except psycopg.Error:
-            missing.append(str(shown))
+    missing = _missing_references(src, tgt, q.EXTERNAL_REFERENCES_SQL, {"schema": ctx.schema})
     if missing:
         raise MoveError(
             f"{ctx.schema} uses {describe_dependents(missing)} from outside the shard, missing on {ctx.target}",
             hint=f"create {'them' if len(missing) > 1 else 'it'} on {ctx.target} first (CREATE EXTENSION, if an extension provides {'them' if len(missing) > 1 else 'it'}), then move",
+        )
+
+
+def _missing_roles(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], sql: str, params: dict[str, Any]) -> list[str]:
+    """The roles sql (ROLES_OF_SCHEMA_SQL) finds on the source that the target's server lacks."""
+    needed = src.execute(sql, params).fetchone()[0] or []  # type: ignore[index]
+    return list(tgt.execute("SELECT pg_catalog.array_agg(r ORDER BY r) FROM pg_catalog.unnest(%s::text[]) AS r"
+                            " WHERE r NOT IN (SELECT rolname FROM pg_catalog.pg_roles)", (list(needed),)).fetchone()[0] or [])  # type: ignore[index]
+
+
+def _missing_references(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], sql: str, params: dict[str, Any]) -> list[str]:
+    """The objects sql (EXTERNAL_REFERENCES_SQL) finds used on the source that the target does not have."""
+    missing = []
+    for kind, names, args, shown in src.execute(sql, params).fetchall():
+        try:
+            tgt.execute("SELECT pg_catalog.pg_get_object_address(%s, %s, %s)", (kind, names, args))
+        except psycopg.Error:
+            missing.append(str(shown))
+    return missing
+
+
+def _what(ctxs: list[ShardContext]) -> str:
+    return f"the schemas of shards {collapse([c.shard for c in ctxs])}"
+
+
+def check_batch(ctxs: list[ShardContext], src: psycopg.Connection[Any], tgt: psycopg.Connection[Any]) -> None:
+    """check_outside_dependents, check_roles and check_external_references for a batch: one query each for all
+    of its schemas (each of those reads whole catalogs: some 10-40 ms a query on a database of 2000 shards)."""
+    if len(ctxs) == 1:
+        check_outside_dependents(ctxs[0], src)
+        check_roles(ctxs[0], src, tgt)
+        check_external_references(ctxs[0], src, tgt)
+        return
+    ctx, schemas = ctxs[0], [c.schema for c in ctxs]
+    found = [str(r[0]) for r in src.execute(q.OUTSIDE_DEPENDENTS_ANY_SQL, {"schemas": schemas})]
+    if found:
+        raise MoveError(
+            f"objects outside {_what(ctxs)} on {ctx.source} depend on them and cannot move with them: {describe_dependents(found)}",
+            hint="drop them or make them independent of the shards first (a shard's objects belong in its schema)",
+        )
+    missing = _missing_roles(src, tgt, ROLES_OF_SCHEMA_SQL.replace("nspname = %(schema)s", "nspname = ANY(%(schemas)s)"), {"schemas": schemas})
+    if missing:
+        raise MoveError(
+            f"{'roles' if len(missing) > 1 else 'role'} {', '.join(missing)} of {_what(ctxs)} (owner or grantee of their objects on {ctx.source})"
+            f" {'do' if len(missing) > 1 else 'does'} not exist on {ctx.target}",
+            hint=f"create {'them' if len(missing) > 1 else 'it'} on {ctx.target} (roles belong to the server, not the database), then move",
+        )
+    gone = _missing_references(src, tgt, q.EXTERNAL_REFERENCES_ANY_SQL, {"schemas": schemas})
+    if gone:
+        raise MoveError(
+            f"{_what(ctxs)} use {describe_dependents(gone)} from outside the shards, missing on {ctx.target}",
+            hint=f"create {'them' if len(gone) > 1 else 'it'} on {ctx.target} first (CREATE EXTENSION, if an extension provides {'them' if len(gone) > 1 else 'it'}), then move",
         )
 
 

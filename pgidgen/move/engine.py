@@ -9,32 +9,34 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import psycopg
 
 from ..check import conninfo_for_subscription
 from ..config import Config
 from ..db import connect, pg_message
-from ..errors import ConflictError, PgidgenError
+from ..errors import ConflictError, InputError, PgidgenError
+from ..ranges import collapse
 from .context import (
     MoveError,
     ShardContext,
+    check_batch,
     check_no_other_move,
-    check_external_references,
-    check_outside_dependents,
-    check_roles,
     check_servers,
     check_tables,
-    locate,
+    locate_batch,
     read_states,
-    read_tables,
+    read_tables_of,
 )
 from .compat import check_clients, check_restorable
-from .journal import Journal, MoveRecord, lock_holder, open_move, release, try_lock
+from .batches import Batch, plan_batches
+from .journal import Journal, MoveRecord, lock_holder, open_move, release, retired_names, try_lock_all
 from .transfer import COPY_SECTIONS, SchemaDump
 from .steps.activate import ActivateStep
-from .steps.base import Background, CopyProgress, CutoverAborted, Hook, MoveOptions, MoveReport, stop_hook_from_env
+from .steps.base import (
+    Background, CopyProgress, CutoverAborted, Hook, MoveOptions, MoveReport, PauseExceeded, stop_hook_from_env,
+)
 from .steps.copy import CopySteps
 from .steps.cutover import CutoverSteps
 from .steps.prepare import PrepareSteps, ensure_catalog
@@ -55,9 +57,74 @@ def move_shard(
     progress: Callable[[CopyProgress], None] | None = None,
     hook: Hook | None = None,
 ) -> MoveReport:
-    """Move shard to target while the application keeps writing (or, with options.offline, under a write lock)."""
+    """Move shard to target while the application keeps writing (or, with options.offline, under a write lock):
+    a batch of one."""
+    return move_shards(config, [shard], target, options=options, progress=progress, hook=hook)[0]
+
+
+def move_shards(
+    config: Config,
+    shards: Sequence[int],
+    target: str,
+    *,
+    options: MoveOptions | None = None,
+    progress: Callable[[CopyProgress], None] | None = None,
+    hook: Hook | None = None,
+    on_batch: Callable[[MoveReport], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[MoveReport]:
+    """Move a set of shards, all in one database, to target: in batches, each with one slot, publication,
+    subscription, consistent copy, catch-up and cutover, all its shards flipping in one transaction. A batch is
+    as large as its estimated write pause allows (see batches.py); a batch whose cutover still did not fit
+    --max-pause is rolled back (nothing flipped) and moved again as two halves. One report per batch moved;
+    should_stop() is asked before each batch (rebalance's Ctrl-C: the batch in flight finishes, no other starts)."""
     opts = options or MoveOptions()
-    ctx = locate(config, shard, target)
+    wanted = sorted(set(shards))
+    if not wanted:
+        raise InputError("no shards to move", hint="name them like 10-19,42")
+    ctxs = locate_batch(config, wanted, target)
+    pacer, queue = plan_batches(config, ctxs, opts)
+    by_shard = {c.shard: c for c in ctxs}
+    reports: list[MoveReport] = []
+    while queue and not (should_stop is not None and should_stop()):
+        batch = queue.pop(0)
+        try:
+            report = _move_batch(config, batch.ctxs, target, opts, progress, hook)
+        except PauseExceeded:
+            if len(batch.ctxs) == 1:
+                raise
+            rollback_move(config, batch.ctxs[0].shard)  # nothing flipped: the source serves them all as before
+            half = len(batch.ctxs) // 2
+            queue[:0] = [Batch(_fresh(batch.ctxs[:half]), 0.0, 0, batch.costs[:half]), Batch(_fresh(batch.ctxs[half:]), 0.0, 0, batch.costs[half:])]
+            continue
+        if report.pause_ms is not None and pacer.measured(batch, report.pause_ms / 1000) and queue:
+            queue = pacer.cut([c for b in queue for c in b.costs], by_shard)  # the rest, cut again by what the pause was
+        reports.append(report)
+        if on_batch is not None:
+            on_batch(report)
+    return reports
+
+
+def plan_shards(config: Config, shards: Sequence[int], target: str, *, options: MoveOptions | None = None) -> list[Batch]:
+    """The dry run of a set of shards: the batches it would move in, after the checks that need only the
+    catalogs. Nothing is written."""
+    return plan_batches(config, locate_batch(config, sorted(set(shards)), target), options or MoveOptions())[1]
+
+
+def _fresh(ctxs: list[ShardContext]) -> list[ShardContext]:
+    """The contexts of a batch to run again: what the checks read is read again."""
+    return [ShardContext(shard=c.shard, source=c.source, target=c.target, layout=c.layout, shard_count=c.shard_count, states=c.states) for c in ctxs]
+
+
+def _move_batch(
+    config: Config,
+    ctxs: list[ShardContext],
+    target: str,
+    opts: MoveOptions,
+    progress: Callable[[CopyProgress], None] | None,
+    hook: Hook | None,
+) -> MoveReport:
+    ctx, shards = ctxs[0], [c.shard for c in ctxs]
     admin = connect(ctx.source, config.dsn(ctx.source), autocommit=True)
     # The target's connection opens while the source is checked; the mover keeps it.
     opening: Background[psycopg.Connection[Any]] = Background(lambda: connect(target, config.dsn(target), autocommit=True))
@@ -65,36 +132,48 @@ def move_shard(
     early: SchemaDump | None = None
     try:
         ensure_catalog(admin, ctx.source, config)
-        if not try_lock(admin, shard):
+        busy = try_lock_all(admin, shards)
+        if busy is not None:
+            check_no_other_move(admin, ctx.source, busy)
+            pid = lock_holder(admin, busy)
+            raise MoveError(f"shard {busy} is being moved right now by another pgidgen", where=f"{ctx.source}, backend pid {pid}", hint="wait for it to finish")
+        for shard in shards:
             check_no_other_move(admin, ctx.source, shard)
-            pid = lock_holder(admin, shard)
-            raise MoveError(f"shard {shard} is being moved right now by another pgidgen", where=f"{ctx.source}, backend pid {pid}", hint="wait for it to finish")
-        check_no_other_move(admin, ctx.source, shard)
-        row = admin.execute("SELECT state FROM pgidgen.shards WHERE shard = %s", (shard,)).fetchone()
-        if row is None or row[0] not in ("active", "moving"):
-            raise ConflictError(f"shard {shard} left database {ctx.source} while the move was starting", hint="see 'pgidgen map'")
-        ctx.source_schema = ctx.schema
+        states = dict(admin.execute("SELECT shard, state FROM pgidgen.shards WHERE shard = ANY(%s)", (shards,)).fetchall())
+        gone = [s for s in shards if states.get(s) not in ("active", "moving")]
+        if gone:
+            raise ConflictError(f"shard{'s' if len(gone) > 1 else ''} {collapse(gone)} left database {ctx.source} while the move was starting", hint="see 'pgidgen map'")
         check_clients(ctx, admin)
         if not opts.offline:
             # The schema's pg_dump (some 50-100 ms, most of it pg_dump reading the catalog) runs while the move is
             # checked and journaled, instead of after the slot, where the rows wait for the tables it creates.
             encoding = str(admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
-            early = SchemaDump(config.dsn(ctx.source), ctx.schema, encoding=encoding, sections=COPY_SECTIONS)
-        ctx.tables, ctx.sequences = read_tables(admin, ctx.schema)
-        check_tables(ctx, online=not opts.offline)
-        check_outside_dependents(ctx, admin)
+            early = SchemaDump(config.dsn(ctx.source), [c.schema for c in ctxs], encoding=encoding, sections=COPY_SECTIONS)
+        read = read_tables_of(admin, [c.schema for c in ctxs])
+        for c in ctxs:
+            c.source_schema = c.schema
+            c.tables, c.sequences = read[c.schema]
+            check_tables(c, online=not opts.offline)
         tgt = opening.result()
-        check_roles(ctx, admin, tgt)
-        check_external_references(ctx, admin, tgt)
-        check_restorable(ctx, config.dsn(ctx.source), admin, tgt, schema_dump=early)
-        if not opts.offline:
+        check_batch(ctxs, admin, tgt)
+        if opts.offline:
+            for c in ctxs:
+                check_restorable(c, config.dsn(ctx.source), admin, tgt)
+        else:  # the batch's one dump holds every schema: one trial restore
+            check_restorable(ctx, config.dsn(ctx.source), admin, tgt, schema_dump=early)
             check_servers(ctx, admin, tgt, conninfo=conninfo_for_subscription(opts.subscription_conninfo or config.dsn(ctx.source), admin))
-        token = f"{shard}_{secrets.token_hex(4)}"
+        token = f"{shards[0]}_{secrets.token_hex(4)}"
+        detail: dict[str, Any] = {"max_pause_ms": int(opts.max_pause * 1000)}
+        if opts.origin != "move-shard":
+            detail["origin"] = opts.origin
+        if len(ctxs) == 1:
+            detail["tables"] = [t.name for t in ctx.tables]
+        else:
+            detail["shards"] = shards
         journal = Journal.open_new(
-            admin, shard=shard, source=ctx.source, target=target, mode="offline" if opts.offline else "online", token=token,
-            detail={"tables": [t.name for t in ctx.tables], "max_pause_ms": int(opts.max_pause * 1000)},
+            admin, shard=shards[0], source=ctx.source, target=target, mode="offline" if opts.offline else "online", token=token, detail=detail,
         )
-        mover, tgt = Mover(config, ctx, journal, opts, progress, hook, tgt=tgt, schema_dump=early), None
+        mover, tgt = Mover(config, ctxs, journal, opts, progress, hook, tgt=tgt, schema_dump=early), None
         early = None  # the mover's now
         return mover.run()
     finally:
@@ -107,7 +186,7 @@ def move_shard(
                 tgt = None
         if tgt is not None:
             tgt.close()
-        release(admin, shard)
+        release(admin, shards[0])
 
 
 def find_open_move(config: Config, shard: int) -> tuple[str, MoveRecord]:
@@ -127,28 +206,36 @@ def find_open_move(config: Config, shard: int) -> tuple[str, MoveRecord]:
     raise MoveError(f"no interrupted move of shard {shard} was found", where=where, hint="nothing to resume or roll back; see 'pgidgen map'")
 
 
-def _reopen(config: Config, shard: int) -> tuple[ShardContext, psycopg.Connection[Any], Journal]:
+def _reopen(config: Config, shard: int) -> tuple[list[ShardContext], psycopg.Connection[Any], Journal]:
+    """The interrupted move shard belongs to (a batch: all of its shards), locked for this process."""
     source, rec = find_open_move(config, shard)
     config.dsn(rec.target)
     admin = connect(source, config.dsn(source), autocommit=True)
     try:
-        if not try_lock(admin, shard):
-            pid = lock_holder(admin, shard)
+        busy = try_lock_all(admin, rec.shards)
+        if busy is not None:
+            pid = lock_holder(admin, busy)
             raise MoveError(
-                f"shard {shard} is being moved right now by another pgidgen (move {rec.move_id}, step {rec.step})",
+                f"shard {busy} is being moved right now by another pgidgen (move {rec.move_id}, step {rec.step})",
                 where=f"{source}, backend pid {pid}", hint="wait for it to finish, or stop that process first",
             )
         rec = open_move(admin, shard) or rec
-        states, _ = read_states(config, need=(source, rec.target))
+        states, _ = read_states(config, need=(source, rec.target), shard=shard if len(rec.shards) == 1 else None)
         layout = states[source].layout or states[rec.target].layout
         assert layout is not None
-        ctx = ShardContext(shard=shard, source=source, target=rec.target, layout=layout,
-                           shard_count=states[source].shard_count or 0, states=states)
-        retired = rec.detail.get("retired_schema")
-        live = admin.execute("SELECT schema_name, state FROM pgidgen.shards WHERE shard = %s", (shard,)).fetchone()
-        ctx.source_schema = live[0] if live and live[1] == "retired" and live[0] == retired else ctx.schema
-        ctx.tables, ctx.sequences = read_tables(admin, ctx.source_schema)
-        return ctx, admin, Journal(admin, rec)
+        retired = retired_names(rec)
+        live = {int(r[0]): (r[1], r[2]) for r in admin.execute(
+            "SELECT shard, schema_name, state FROM pgidgen.shards WHERE shard = ANY(%s)", (rec.shards,))}
+        ctxs = []
+        for s in rec.shards:
+            ctx = ShardContext(shard=s, source=source, target=rec.target, layout=layout, shard_count=states[source].shard_count or 0, states=states)
+            row = live.get(s)
+            ctx.source_schema = row[0] if row and row[1] == "retired" and row[0] == retired.get(s) else ctx.schema
+            ctxs.append(ctx)
+        read = read_tables_of(admin, [c.source_schema for c in ctxs])
+        for ctx in ctxs:
+            ctx.tables, ctx.sequences = read[ctx.source_schema]
+        return ctxs, admin, Journal(admin, rec)
     except BaseException:
         release(admin, shard)
         raise
@@ -162,25 +249,24 @@ def resume_move(
     progress: Callable[[CopyProgress], None] | None = None,
     hook: Hook | None = None,
 ) -> MoveReport:
-    """Finish an interrupted move from the step its journal last started."""
-    ctx, admin, journal = _reopen(config, shard)
+    """Finish an interrupted move (of shard's batch) from the step its journal last started."""
+    ctxs, admin, journal = _reopen(config, shard)
     try:
         opts = options or MoveOptions()
         opts.offline = journal.record.mode == "offline"
         journal.log(journal.record.step, "resume", {})
-        return Mover(config, ctx, journal, opts, progress, hook).run(resumed=True)
+        return Mover(config, ctxs, journal, opts, progress, hook).run(resumed=True)
     finally:
         release(admin, shard)
 
 
 def rollback_move(config: Config, shard: int) -> MoveReport:
-    """Undo an interrupted move: the source serves the shard as before, nothing is left on the target."""
-    ctx, admin, journal = _reopen(config, shard)
+    """Undo an interrupted move (of shard's batch): the source serves its shards as before, nothing is left on the target."""
+    ctxs, admin, journal = _reopen(config, shard)
     try:
-        return Mover(config, ctx, journal, MoveOptions(), None, None).rollback()
+        return Mover(config, ctxs, journal, MoveOptions(), None, None).rollback()
     finally:
         release(admin, shard)
-
 
 
 class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateStep, VerifyStep, RollbackStep):
@@ -200,9 +286,9 @@ class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateSte
         except CutoverAborted as e:
             self.journal.start("cutover" if self.opts.offline else "catchup")
             self.journal.fail("cutover", str(e))
-            raise MoveError(
-                f"shard {self.ctx.shard} did not move: {e}", where=self.ctx.source,
-                hint=f"the source keeps serving it; retry with 'pgidgen move-shard --resume {self.ctx.shard}' "
+            raise PauseExceeded(
+                f"{self.what} did not move: {e}", where=self.ctx.source,
+                hint=f"the source keeps serving {'it' if len(self.ctxs) == 1 else 'them'}; retry with 'pgidgen move-shard --resume {self.ctx.shard}' "
                 f"(perhaps with a larger --max-pause, or when writes are lighter) or undo with --rollback {self.ctx.shard}",
             ) from None
         except PgidgenError as e:
@@ -222,25 +308,36 @@ class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateSte
         self.report.verification = self.verification
         d = self.rec.detail
         self.report.retired_schema = d.get("retired_schema")
+        if len(self.ctxs) > 1:
+            self.report.retired_schemas = retired_names(self.rec)
         self.report.last_id = d.get("last_id")
         self.report.skew_ms = d.get("skew_ms")
         if resumed:
             self.report.notes.append(f"resumed move {self.rec.move_id}")
-        if self.opts.drop_source and self.report.retired_schema:
-            from .cleanup import cleanup
-
-            try:
-                cleanup(self.config, self.ctx.shard, only=(self.ctx.source, self.report.retired_schema))
-            except PgidgenError as e:  # the move itself is done; the copy stays, as without --drop-source
-                self.report.notes.append(f"kept the source copy {self.ctx.source}.{self.report.retired_schema}: {e.render()}")
-            else:
-                self.report.notes.append(f"dropped the source copy {self.ctx.source}.{self.report.retired_schema}")
-                self.report.retired_schema = None
+        if self.opts.drop_source:
+            self._drop_sources()
         return self.report
 
+
+    def _drop_sources(self) -> None:
+        """--drop-source: each shard's retired copy this move made (older copies, perhaps kept for repair, stay)."""
+        from .cleanup import cleanup
+
+        kept: dict[int, str] = {}
+        for shard, retired in sorted(retired_names(self.rec).items()):
+            try:
+                cleanup(self.config, shard, only=(self.ctx.source, retired))
+            except PgidgenError as e:  # the move itself is done; the copy stays, as without --drop-source
+                self.report.notes.append(f"kept the source copy {self.ctx.source}.{retired}: {e.render()}")
+                kept[shard] = retired
+            else:
+                self.report.notes.append(f"dropped the source copy {self.ctx.source}.{retired}")
+        if self.report.retired_schema and self.ctx.shard not in kept:
+            self.report.retired_schema = None
+        self.report.retired_schemas = kept if len(self.ctxs) > 1 else {}
 
 
 __all__ = [
     "Background", "CopyProgress", "CutoverAborted", "Hook", "MoveOptions", "MoveReport", "Mover", "drop_slots", "ensure_catalog",
-    "find_open_move", "measure_skew", "move_shard", "resume_move", "rollback_move", "stop_hook_from_env", "teardown",
+    "find_open_move", "measure_skew", "move_shard", "move_shards", "plan_shards", "resume_move", "rollback_move", "stop_hook_from_env", "teardown",
 ]

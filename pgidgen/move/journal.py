@@ -47,6 +47,24 @@ class MoveRecord:
     def steps(self) -> tuple[str, ...]:
         return ONLINE_STEPS if self.mode == "online" else OFFLINE_STEPS
 
+    @property
+    def shards(self) -> list[int]:
+        """The batch's shards: the row's shard is the lowest of them, detail 'shards' lists all (older moves: one)."""
+        return [int(s) for s in self.detail.get("shards") or [self.shard]]
+
+
+def retired_names(rec: MoveRecord) -> dict[int, str]:
+    """The retired source copies a move's cutover named, per shard (a move of one shard journals one name)."""
+    if rec.detail.get("retired_schemas"):
+        return {int(k): str(v) for k, v in rec.detail["retired_schemas"].items()}
+    if rec.detail.get("retired_schema"):
+        return {rec.shard: str(rec.detail["retired_schema"])}
+    return {}
+
+
+#: A move's row names the lowest shard of its batch; the others are in detail's 'shards' list.
+MEMBER_SQL = "(shard = %(shard)s OR detail -> 'shards' @> pg_catalog.to_jsonb(%(shard)s::int))"
+
 
 _COLUMNS = "move_id, shard, source, target, mode, token, step, status, detail"
 
@@ -123,8 +141,8 @@ def open_move(conn: psycopg.Connection[Any], shard: int) -> MoveRecord | None:
     if not has_journal(conn):
         return None
     row = conn.execute(
-        f"SELECT {_COLUMNS} FROM pgidgen.moves WHERE shard = %s AND status IN ('running', 'failed') ORDER BY move_id DESC LIMIT 1",
-        (shard,),
+        f"SELECT {_COLUMNS} FROM pgidgen.moves WHERE {MEMBER_SQL} AND status IN ('running', 'failed') ORDER BY move_id DESC LIMIT 1",
+        {"shard": shard},
     ).fetchone()
     return _record(row) if row else None
 
@@ -133,14 +151,22 @@ def last_move(conn: psycopg.Connection[Any], shard: int, *, status: str = "done"
     if not has_journal(conn):
         return None
     row = conn.execute(
-        f"SELECT {_COLUMNS} FROM pgidgen.moves WHERE shard = %s AND status = %s ORDER BY move_id DESC LIMIT 1",
-        (shard, status),
+        f"SELECT {_COLUMNS} FROM pgidgen.moves WHERE {MEMBER_SQL} AND status = %(status)s ORDER BY move_id DESC LIMIT 1",
+        {"shard": shard, "status": status},
     ).fetchone()
     return _record(row) if row else None
 
 
 def has_journal(conn: psycopg.Connection[Any]) -> bool:
     return conn.execute("SELECT to_regclass('pgidgen.moves') IS NOT NULL").fetchone()[0]  # type: ignore[index]
+
+
+def try_lock_all(conn: psycopg.Connection[Any], shards: list[int], *, patience: float = 2.0) -> int | None:
+    """try_lock for every shard of a batch, in order: None, or the first shard another mover holds."""
+    for shard in shards:
+        if not try_lock(conn, shard, patience=patience):
+            return shard
+    return None
 
 
 def try_lock(conn: psycopg.Connection[Any], shard: int, *, patience: float = 2.0) -> bool:

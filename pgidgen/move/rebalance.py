@@ -1,12 +1,13 @@
 """`pgidgen rebalance`: spread the shards evenly over the databases by moving whole shards, several at once.
 
-Every move is an ordinary move-shard (same checks, journal, cutover, verification); rebalance only chooses them.
+Every move is an ordinary move-shard (same checks, journal, cutover, verification), in batches per source and
+target (one replication stream and one write pause per batch, see batches.py); rebalance only chooses them.
 By size (the default) it evens out the bytes on disk (balance.py); by count, the fewest moves that leave every
 database within one shard of the others, taking from each crowded database its highest-numbered shards (so what
 stays keeps its contiguous ranges). Shards in the middle of a move stay where
 they are, and a shard never goes back to a database that still holds its retired copy: another one goes instead.
-A failed move does not stop the others; it stays resumable on its own (`pgidgen move-shard N --resume`, or
-`--rollback` when it failed before activating the target).
+A failed batch does not stop the other pairs; it stays resumable (`pgidgen rebalance` again finishes it, as
+does `pgidgen move-shard N --resume`; `--rollback` undoes it when it failed before activating the target).
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from ..ranges import collapse
 from ..sizes import human, read_sizes
 from .balance import spread_bytes
 from .context import MoveError, preflight, read_states
-from .engine import MoveOptions, MoveReport, ensure_catalog, move_shard
+from .engine import Hook, MoveOptions, MoveReport, ensure_catalog, move_shards, resume_move
+from .journal import has_journal
 
 
 @dataclass
@@ -197,13 +199,19 @@ def rebalance(
     parallel: int = 2,
     options: MoveOptions | None = None,
     on_done: Callable[[PlannedMove, MoveReport | PgidgenError], None] | None = None,
+    on_batch: Callable[[MoveReport | PgidgenError, list[int]], None] | None = None,
+    hook: Hook | None = None,
     by: str = "size",
 ) -> RebalanceResult:
-    """Run the plan's moves, at most `parallel` at a time; each is a full move-shard with its own guarantees."""
+    """Run the plan's moves in batches per source -> target pair (move_shards: one replication stream and one
+    cutover per batch), at most `parallel` batches at a time. Moves an earlier rebalance left unfinished (killed,
+    Ctrl-C) are finished first, from their journals; interrupted moves made by hand are left alone. Ctrl-C
+    lets the batches in flight finish and starts no other."""
     if parallel < 1:
         raise ConfigError(f"--parallel must be at least 1, not {parallel}")
+    resumed = _finish_interrupted(config, databases, options, on_batch)
     plan = plan_rebalance(config, databases, by=by)
-    result = RebalanceResult(plan)
+    result = RebalanceResult(plan, reports=resumed)
     if not plan.moves:
         return result
     layout_state, _ = read_states(config, need=tuple({m.source for m in plan.moves} | {m.target for m in plan.moves}))
@@ -218,25 +226,90 @@ def rebalance(
         finally:
             conn.close()
     lock = threading.Lock()
+    stop = threading.Event()
+    planned = {m.shard: m for m in plan.moves}
 
-    def one(m: PlannedMove) -> None:
-        opts = MoveOptions(**vars(options)) if options else MoveOptions()
-        try:
-            report: MoveReport | PgidgenError = move_shard(config, m.shard, m.target, options=opts)
-        except PgidgenError as e:
-            report = e
-        except psycopg.Error as e:  # reported as that move's failure; the other moves' results stay in the report
-            report = MoveError(f"move of shard {m.shard} to {m.target} failed: {pg_message(e)}",
-                               hint=f"see 'pgidgen move-shard --resume {m.shard}' or '--rollback {m.shard}'")
+    def done(report: MoveReport | PgidgenError, shards: list[int]) -> None:
         with lock:
             if isinstance(report, PgidgenError):
-                result.failures.append((m, report.render()))
+                result.failures.extend((planned[s], report.render()) for s in shards)
             else:
                 result.reports.append(report)
+            if on_batch is not None:
+                on_batch(report, shards)
             if on_done is not None:
-                on_done(m, report)
+                for s in shards:
+                    on_done(planned[s], report)
 
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        list(pool.map(one, plan.moves))
+    def run(unit: tuple[str, list[int]]) -> None:
+        target, shards = unit
+        opts = MoveOptions(**vars(options)) if options else MoveOptions()
+        opts.origin = "rebalance"
+        left = list(shards)
+
+        def moved(report: MoveReport) -> None:
+            done(report, report.shards)
+            left[:] = [s for s in left if s not in report.shards]
+
+        try:
+            move_shards(config, shards, target, options=opts, hook=hook, should_stop=stop.is_set, on_batch=moved)
+        except PgidgenError as e:
+            done(e, left)
+        except psycopg.Error as e:  # reported as those moves' failure; the other moves' results stay in the report
+            done(MoveError(f"move of shards {collapse(left)} to {target} failed: {pg_message(e)}",
+                           hint=f"run 'pgidgen rebalance' again to finish it, or see 'pgidgen move-shard {left[0]} --resume'"), left)
+
+    pool = ThreadPoolExecutor(max_workers=parallel)
+    try:
+        list(pool.map(run, work_units(plan.moves, parallel)))
+    except KeyboardInterrupt:
+        stop.set()  # the batches in flight finish (or fail and stay resumable); no other starts
+        pool.shutdown(wait=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
     result.reports.sort(key=lambda r: r.shard)
     return result
+
+
+def work_units(moves: Sequence[PlannedMove], parallel: int) -> list[tuple[str, list[int]]]:
+    """The plan's moves per source -> target pair, in shard order. With fewer pairs than `parallel`, a pair's
+    shards are cut into consecutive runs that move at the same time (each a move_shards of its own)."""
+    pairs: dict[tuple[str, str], list[int]] = {}
+    for m in sorted(moves, key=lambda m: m.shard):
+        pairs.setdefault((m.source, m.target), []).append(m.shard)
+    ways = max(1, parallel // max(1, len(pairs)))
+    units = []
+    for (_, target), shards in pairs.items():
+        n = min(ways, len(shards))
+        size = -(-len(shards) // n)
+        units += [(target, shards[i:i + size]) for i in range(0, len(shards), size)]
+    return units
+
+
+def _finish_interrupted(
+    config: Config, databases: Sequence[str] | None, options: MoveOptions | None,
+    on_batch: Callable[[MoveReport | PgidgenError, list[int]], None] | None,
+) -> list[MoveReport]:
+    """Resume the moves an earlier rebalance started and did not finish (their journals say so)."""
+    names = config.select(list(databases) if databases else None)
+    states, _ = read_states(config, need=tuple(names))
+    open_by_rebalance: list[int] = []
+    for name in names:
+        if not states[name].has_catalog:
+            continue
+        conn = connect(name, config.dsn(name), autocommit=True)
+        try:
+            if has_journal(conn):
+                open_by_rebalance += [int(r[0]) for r in conn.execute(
+                    "SELECT shard FROM pgidgen.moves WHERE status IN ('running', 'failed') AND detail ->> 'origin' = 'rebalance' ORDER BY move_id")]
+        finally:
+            conn.close()
+    reports = []
+    for shard in open_by_rebalance:
+        opts = MoveOptions(**vars(options)) if options else MoveOptions()
+        report = resume_move(config, shard, options=opts)
+        reports.append(report)
+        if on_batch is not None:
+            on_batch(report, report.shards)
+    return reports

@@ -62,8 +62,14 @@ def target_row_sql(shard: int, schema: str, *, reset_offset: bool = True) -> str
     return text
 
 
-def source_moving_sql(shard: int) -> str:
-    return f"UPDATE pgidgen.shards SET state = 'moving', updated_at = now() WHERE shard = {shard} AND state = 'active';\n"
+def shard_set(shards: int | Sequence[int]) -> str:
+    """A shard number or a batch's, as SQL: `= 5`, `IN (5, 6, 9)`."""
+    items = [shards] if isinstance(shards, int) else sorted(shards)
+    return f"= {items[0]}" if len(items) == 1 else f"IN ({', '.join(str(int(s)) for s in items)})"
+
+
+def source_moving_sql(shards: int | Sequence[int]) -> str:
+    return f"UPDATE pgidgen.shards SET state = 'moving', updated_at = now() WHERE shard {shard_set(shards)} AND state = 'active';\n"
 
 
 # -- replication ---------------------------------------------------------------------------------------
@@ -125,6 +131,8 @@ owner (classid, objid, objsubid, schema) AS (
 
 #: Does any object of the shard's schema depend on an object of the pgidgen schema?
 DEPENDS_ON_CATALOG_SQL = _dependents_sql("'pgidgen'", "SELECT EXISTS (SELECT FROM owner WHERE schema = %(schema)s)")
+#: The same for a batch's schemas at once.
+DEPENDS_ON_CATALOG_ANY_SQL = _dependents_sql("'pgidgen'", "SELECT EXISTS (SELECT FROM owner WHERE schema = ANY(%(schemas)s))")
 
 #: Objects outside a shard's schema that depend on it (a view over its tables, a foreign key or a column default
 #: elsewhere): they cannot follow the shard to another database, and DROP SCHEMA ... CASCADE would drop them.
@@ -138,6 +146,13 @@ OUTSIDE_DEPENDENTS_SQL = _dependents_sql("%(schema)s", """SELECT DISTINCT (x).ty
       AND o.classid NOT IN ('pg_catalog.pg_publication_rel'::pg_catalog.regclass, pg_catalog.to_regclass('pg_catalog.pg_publication_namespace'))) d
 ORDER BY 1""")
 
+
+#: OUTSIDE_DEPENDENTS_SQL for a batch's schemas at once: what depends on any of them from outside all of them.
+OUTSIDE_DEPENDENTS_ANY_SQL = OUTSIDE_DEPENDENTS_SQL.replace(
+    "= pg_catalog.to_regnamespace(%(schema)s)",
+    "IN (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = ANY(%(schemas)s))",
+).replace("WHERE o.schema IS DISTINCT FROM %(schema)s", "WHERE coalesce(o.schema <> ALL(%(schemas)s), true)")
+assert "%(schema)s" not in OUTSIDE_DEPENDENTS_ANY_SQL
 
 #: Objects outside the shard's schema (and outside pg_catalog, information_schema and pgidgen, which init
 #: installs) that the shard's objects depend on: a foreign key's table, a column's type, a default's function, a
@@ -165,6 +180,12 @@ WHERE i.schema NOT IN (%(schema)s, 'pg_catalog', 'information_schema', 'pgidgen'
   AND i.type <> 'index'  -- a foreign key's unique index: its table is named
 ORDER BY 4
 """
+
+#: EXTERNAL_REFERENCES_SQL for a batch's schemas: what they use outside all of them.
+EXTERNAL_REFERENCES_ANY_SQL = EXTERNAL_REFERENCES_SQL.replace(
+    "WHERE nspname = %(schema)s", "WHERE nspname = ANY(%(schemas)s)").replace(
+    "WHERE i.schema NOT IN (%(schema)s, ", "WHERE i.schema <> ALL(%(schemas)s) AND i.schema NOT IN (")
+assert "%(schema)s" not in EXTERNAL_REFERENCES_ANY_SQL
 
 #: Every privilege the owners of a schema's objects granted (their effective ACLs, the default ones where none
 #: was written), as (kind, name, column, grantee, privilege, grantable), names quoted for GRANT/REVOKE: what a
@@ -197,6 +218,29 @@ FROM o, pg_catalog.aclexplode(o.acl) e WHERE e.grantor = o.owner
   AND NOT (e.privilege_type = 'MAINTAIN' AND e.grantee = o.owner)  -- every owner's own on 17+, unknown before
 """
 
+
+
+def _owner_grants_many() -> str:
+    text = OWNER_GRANTS_SQL
+    for a, b in (
+        ("WITH n AS (SELECT oid, nspowner, nspacl FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s),",
+         "WITH n AS (SELECT oid, nspname, nspowner, nspacl FROM pg_catalog.pg_namespace WHERE nspname = ANY(%(schemas)s)),"),
+        ("o (kind, name, col, owner, acl) AS (", "o (nsp, kind, name, col, owner, acl) AS ("),
+        ("    SELECT 'SCHEMA', NULL::text", "    SELECT n.nspname, 'SCHEMA', NULL::text"),
+        ("    SELECT CASE c.relkind WHEN 'S'", "    SELECT n.nspname, CASE c.relkind WHEN 'S'"),
+        ("    SELECT 'TABLE', pg_catalog.quote_ident(c.relname), pg_catalog.quote_ident(a.attname)",
+         "    SELECT n.nspname, 'TABLE', pg_catalog.quote_ident(c.relname), pg_catalog.quote_ident(a.attname)"),
+        ("    SELECT 'ROUTINE',", "    SELECT n.nspname, 'ROUTINE',"),
+        ("    SELECT 'TYPE',", "    SELECT n.nspname, 'TYPE',"),
+        ("SELECT o.kind, o.name, o.col,", "SELECT o.nsp, o.kind, o.name, o.col,"),
+    ):
+        assert text.count(a) == 1, a
+        text = text.replace(a, b)
+    return text
+
+
+#: OWNER_GRANTS_SQL for a batch's schemas at once, each row led by its schema's name.
+OWNER_GRANTS_MANY_SQL = _owner_grants_many()
 
 def _grant_on(schema: str, kind: str, name: str | None, col: str | None, priv: str) -> str:
     what = "SCHEMA " + ident(schema) if kind == "SCHEMA" else f"{kind} {name}" if kind == "ROUTINE" else f"{kind} {ident(schema)}.{name}"
@@ -264,16 +308,22 @@ WHERE n.nspname = %(schema)s AND c.relkind = 'r'
 """
 
 
-def freeze_sql(shard: int, tables: Sequence[TableRef], lock_timeout_ms: int) -> str:
+#: TABLES_AS_THEY_STAND_SQL for a batch's schemas at once (one query inside the pause), the schema first.
+TABLES_AS_THEY_STAND_MANY_SQL = TABLES_AS_THEY_STAND_SQL.replace("SELECT c.relname,", "SELECT n.nspname, c.relname,", 1).replace(
+    "n.nspname = %(schema)s", "n.nspname = ANY(%(schemas)s)")
+
+
+def freeze_sql(shards: int | Sequence[int], tables: Sequence[TableRef], lock_timeout_ms: int) -> str:
     """Stop writes to the shard on the source. First the shard's catalog row FOR UPDATE, the lock routed
     transactions take FOR SHARE in pgidgen.claim_shard() (same order as theirs, so no deadlock): claimed
     transactions finish, new ones wait. Then EXCLUSIVE on the tables (partitioned parents included: a write
     routed through one locks the parent first) for writers that do not claim: it blocks
     INSERT/UPDATE/DELETE/SELECT FOR UPDATE and TRUNCATE, and lets plain reads go on. Both waits together stay
-    within lock_timeout_ms."""
+    within lock_timeout_ms. A batch locks its shards' rows in shard order (a routed transaction claims one)."""
     budget = max(1, int(lock_timeout_ms))
     text = f"SET LOCAL lock_timeout = '{budget}ms';\n"
-    text += f"SELECT 1 FROM pgidgen.shards WHERE shard = {shard} FOR UPDATE;\n"
+    order = "" if isinstance(shards, int) or len(shards) == 1 else " ORDER BY shard"
+    text += f"SELECT 1 FROM pgidgen.shards WHERE shard {shard_set(shards)}{order} FOR UPDATE;\n"
     if tables:
         # what is left of the budget for the tables (the script's statements share one statement_timestamp)
         text += (f"SELECT pg_catalog.set_config('lock_timeout', GREATEST(1, {budget} - pg_catalog.floor(pg_catalog.date_part('epoch',"

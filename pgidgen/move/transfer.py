@@ -33,7 +33,7 @@ from typing import IO, Any, Callable, Sequence
 import psycopg
 
 from .. import pgbin
-from ..db import scrub, tool_args
+from ..db import connect, scrub, tool_args
 from ..errors import PgidgenError
 from . import sqltext as q
 from .context import MoveError
@@ -56,10 +56,13 @@ class TableCopy:
     name: str
     binary: bool
     columns: tuple[str, ...] = ()  # the source's stored columns in its order (generated ones are computed again)
+    schema: str = ""  # in a batch's transfer: the table's schema (else the transfer's one)
+    inline: bool = False  # small: its rows come through this process on one source connection (see copy_rows)
 
 
-def plan_tables(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], schema: str, tables: Sequence[str]) -> list[TableCopy]:
-    """Binary where safe (see the module docstring), text otherwise, per table; with the columns to copy."""
+def plan_tables(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], schema: str, tables: Sequence[str], *, into: str = "") -> list[TableCopy]:
+    """Binary where safe (see the module docstring), text otherwise, per table; with the columns to copy.
+    into: the schema the rows go to on both sides' names (a batch's transfer), when not schema itself."""
     same_major = _major(src) == _major(tgt)
     columns: dict[str, list[str]] = {}
     custom: set[str] = set()
@@ -74,7 +77,26 @@ def plan_tables(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], sche
         columns.setdefault(table, []).append(column)
         if is_custom:
             custom.add(table)
-    return [TableCopy(t, same_major and t not in custom, tuple(columns.get(t, ()))) for t in tables]
+    return [TableCopy(t, same_major and t not in custom, tuple(columns.get(t, ())), into) for t in tables]
+
+
+def plan_tables_of(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], tables: dict[str, Sequence[str]]) -> list[TableCopy]:
+    """plan_tables for a batch (schema -> its tables), in one query; each table names its schema."""
+    same_major = _major(src) == _major(tgt)
+    columns: dict[tuple[str, str], list[str]] = {}
+    custom: set[tuple[str, str]] = set()
+    for schema, table, column, is_custom in src.execute(
+        "SELECT n.nspname, c.relname, a.attname, (CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END)::bigint >= %s"
+        " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " JOIN pg_type t ON t.oid = a.atttypid"
+        " WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''"
+        " ORDER BY n.nspname, c.relname, a.attnum",
+        (_FIRST_USER_OID, list(tables)),
+    ):
+        columns.setdefault((schema, table), []).append(column)
+        if is_custom:
+            custom.add((schema, table))
+    return [TableCopy(t, same_major and (s, t) not in custom, tuple(columns.get((s, t), ())), s) for s, names in tables.items() for t in names]
 
 
 def _major(conn: psycopg.Connection[Any]) -> int:
@@ -181,12 +203,14 @@ class SchemaDump:
     its dump before the slot exists, see Mover: what changes in between is caught by the schema compare before
     the pause, as any DDL during the move is)."""
 
-    def __init__(self, source_dsn: str, schema: str, *, encoding: str, sections: Sequence[str], snapshot: str | None = None) -> None:
+    def __init__(self, source_dsn: str, schema: str | Sequence[str], *, encoding: str, sections: Sequence[str], snapshot: str | None = None) -> None:
+        """schema: one, or a batch's (one pg_dump for all: its catalog reads are most of its time)."""
         self.dsn, self.env = tool_args(source_dsn)
         self.env["PGCLIENTENCODING"] = encoding
-        self.schema = schema
+        schemas = [schema] if isinstance(schema, str) else list(schema)
+        self.schema = schemas[0] if len(schemas) == 1 else f"{schemas[0]} and {len(schemas) - 1} more schemas"
         self.sections = tuple(sections)
-        argv = [tool("pg_dump"), f"--schema={schema}", "--schema-only", "--format=custom", "--compress=0", *DUMP_OPTIONS, "-d", self.dsn]
+        argv = [tool("pg_dump"), *(f"--schema={s}" for s in schemas), "--schema-only", "--format=custom", "--compress=0", *DUMP_OPTIONS, "-d", self.dsn]
         if snapshot:
             argv += ["--snapshot", snapshot]
         self.tee: threading.Thread | None = None
@@ -260,7 +284,7 @@ class Transfer:
     def __init__(
         self,
         source_dsn: str,
-        schema: str,
+        schema: str | Sequence[str],
         tables: Sequence[TableCopy],
         *,
         snapshot: str | None,
@@ -269,19 +293,22 @@ class Transfer:
         freeze: bool = True,
         schema_dump: SchemaDump | None = None,
     ) -> None:
-        """schema_dump: one started earlier, for these sections (else start() starts one at the snapshot)."""
+        """schema: one, or a batch's (then each table names its own). schema_dump: one started earlier, for these
+        sections (else start() starts one at the snapshot)."""
         self.source_dsn = source_dsn
         self.dsn, self.env = tool_args(source_dsn)
         self.env["PGCLIENTENCODING"] = encoding
-        self.schema = schema
+        self.schemas = [schema] if isinstance(schema, str) else list(schema)
+        self.schema = self.schemas[0]
         self.tables = list(tables)
         self.snapshot = snapshot
         self.encoding = encoding
         self.sections = tuple(sections)
         self.freeze = freeze
         self.schema_dump = schema_dump
-        self.streams: dict[str, _Proc] = {}
+        self.streams: dict[tuple[str, str], _Proc] = {}
         self.bytes = 0
+        self.reader: psycopg.Connection[Any] | None = None  # the inline tables' source connection, at the snapshot
 
     def __enter__(self) -> Transfer:
         return self
@@ -292,11 +319,22 @@ class Transfer:
     def start(self) -> None:
         """The schema's pg_dump (unless one was started earlier) and the first table's stream, at once."""
         if self.sections and self.schema_dump is None:
-            self.schema_dump = SchemaDump(self.source_dsn, self.schema, encoding=self.encoding, sections=self.sections, snapshot=self.snapshot)
-        if self.tables:
+            self.schema_dump = SchemaDump(self.source_dsn, self.schemas, encoding=self.encoding, sections=self.sections, snapshot=self.snapshot)
+        if self.tables and not self.tables[0].inline:
             self._stream(self.tables[0])
+        if any(t.inline for t in self.tables):
+            self.reader = connect("the source", self.source_dsn, autocommit=True)
+            self.reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            if self.snapshot:
+                self.reader.execute(f"SET TRANSACTION SNAPSHOT {q.literal(self.snapshot)}")
+            for setting in q.COPY_OUT_SETTINGS:
+                self.reader.execute(setting)
+            self.reader.execute(f"SET client_encoding = {q.literal(self.encoding)}")
 
     def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
         for p in self.streams.values():
             p.kill()
         if self.schema_dump is not None:
@@ -315,7 +353,7 @@ class Transfer:
         if self.snapshot:
             cmds.append(f"SET TRANSACTION SNAPSHOT {q.literal(self.snapshot)}")
         cmds += q.COPY_OUT_SETTINGS
-        cmds.append(q.copy_out_sql(self.schema, table.name, binary=table.binary, columns=table.columns))
+        cmds.append(q.copy_out_sql(table.schema or self.schema, table.name, binary=table.binary, columns=table.columns))
         argv = [tool("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction"]
         for c in cmds:
             argv += ["-c", c]
@@ -326,7 +364,7 @@ class Transfer:
             fcntl.fcntl(p.proc.stdout.fileno(), _SETPIPE_SZ, _BLOCK)
         except OSError:
             pass
-        self.streams[table.name] = p
+        self.streams[(table.schema, table.name)] = p
         return p
 
     def restore(self, tgt: psycopg.Connection[Any], on_block: OnBlock | None = None) -> None:
@@ -341,19 +379,25 @@ class Transfer:
                     tgt.execute(script)
 
     def copy_rows(self, tgt: psycopg.Connection[Any], on_block: OnBlock | None = None) -> None:
-        """Every table's rows into tgt's open transaction; the next table's stream starts while this one flows."""
+        """Every table's rows into tgt's open transaction; the next table's stream starts while this one flows.
+        An inline table's rows go from the source connection's COPY to the target's in this process: for a small
+        table a psql of its own (a process and a connection, some 10 ms) costs more than its rows."""
         for i, table in enumerate(self.tables):
-            p = self.streams.get(table.name) or self._stream(table)
-            if i + 1 < len(self.tables):
+            if table.inline:
+                self._relay_inline(tgt, table, on_block)
+                continue
+            p = self.streams.get((table.schema, table.name)) or self._stream(table)
+            if i + 1 < len(self.tables) and not self.tables[i + 1].inline:
                 self._stream(self.tables[i + 1])
             self._relay(tgt, table, p, on_block)
             p.stop()
-            del self.streams[table.name]
+            del self.streams[(table.schema, table.name)]
 
     def _relay(self, tgt: psycopg.Connection[Any], table: TableCopy, p: _Proc, on_block: OnBlock | None) -> None:
         assert p.proc.stdout is not None
         fd = p.proc.stdout.fileno()
-        sql = q.copy_in_sql(self.schema, table.name, binary=table.binary, freeze=self.freeze, columns=table.columns)
+        schema = table.schema or self.schema
+        sql = q.copy_in_sql(schema, table.name, binary=table.binary, freeze=self.freeze, columns=table.columns)
         try:
             with tgt.cursor().copy(sql) as cp:
                 while True:
@@ -363,14 +407,33 @@ class Transfer:
                     cp.write(block)
                     self.bytes += len(block)
                     if on_block is not None:
-                        on_block(table.name, len(block))
+                        on_block(f"{schema}.{table.name}", len(block))
                 if p.proc.wait() != 0:
                     raise _SourceFailed(p.error())
         except _SourceFailed as e:
-            raise MoveError(f"reading {self.schema}.{table.name} on the source failed: {e}") from None
+            raise MoveError(f"reading {schema}.{table.name} on the source failed: {e}") from None
         except psycopg.Error:
             if p.proc.poll() not in (None, 0):
-                raise MoveError(f"reading {self.schema}.{table.name} on the source failed: {p.error()}") from None
+                raise MoveError(f"reading {schema}.{table.name} on the source failed: {p.error()}") from None
+            raise
+
+
+    def _relay_inline(self, tgt: psycopg.Connection[Any], table: TableCopy, on_block: OnBlock | None) -> None:
+        assert self.reader is not None
+        schema = table.schema or self.schema
+        out = q.copy_out_sql(schema, table.name, binary=table.binary, columns=table.columns)
+        into = q.copy_in_sql(schema, table.name, binary=table.binary, freeze=self.freeze, columns=table.columns)
+        try:
+            with self.reader.cursor().copy(out) as src:
+                with tgt.cursor().copy(into) as dst:
+                    for block in src:
+                        dst.write(block)
+                        self.bytes += len(block)
+                        if on_block is not None:
+                            on_block(f"{schema}.{table.name}", len(block))
+        except psycopg.Error as e:
+            if self.reader.info.transaction_status == psycopg.pq.TransactionStatus.INERROR or self.reader.broken:
+                raise MoveError(f"reading {schema}.{table.name} on the source failed: {scrub(str(e).splitlines()[0] if str(e) else type(e).__name__)}") from None
             raise
 
 

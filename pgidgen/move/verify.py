@@ -127,3 +127,40 @@ def compare(
         if redo:
             sums.update(checksums(conn, schema, sorted(redo), columns, forms=redo)[0])
     return Verification([TableCheck(name, s[name][0], t[name][0], s[name][1], t[name][1]) for name in tables], when=when)
+
+
+def column_hashes_of(conn: psycopg.Connection[Any], schemas: Sequence[str]) -> dict[str, dict[str, list[ColumnHash]]]:
+    """column_hashes of several schemas in one query (it reads whole catalogs)."""
+    out: dict[str, dict[str, list[ColumnHash]]] = {s: {} for s in schemas}
+    sql = "SELECT n.nspname, " + COLUMN_HASHES_SQL.strip()[len("SELECT "):].replace("WHERE n.nspname = %s", "WHERE n.nspname = ANY(%s)")
+    for schema, table, column, fn_schema, fn_name, as_text, halves in conn.execute(sql, (list(schemas),)):
+        out[schema].setdefault(table, []).append(ColumnHash(column, (fn_schema, fn_name) if fn_name else None, bool(as_text), bool(halves)))
+    return out
+
+
+def compare_many(
+    source: psycopg.Connection[Any],
+    target: psycopg.Connection[Any],
+    pairs: Sequence[tuple[str, str, Sequence[str]]],
+    *,
+    when: str = "at the cutover point",
+) -> Verification:
+    """compare() for a batch: (source schema, target schema, tables) per shard, one catalog read for all and both
+    sides at once; the tables named schema-qualified (by the target's schema)."""
+    columns = column_hashes_of(source, [p[0] for p in pairs])
+
+    def side(conn: psycopg.Connection[Any], mine: int) -> list[tuple[dict[str, tuple[int, str]], dict[str, int]]]:
+        return [checksums(conn, p[0] if mine == 0 else p[1], p[2], columns[p[0]]) for p in pairs]
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        fs, ft = pool.submit(side, source, 0), pool.submit(side, target, 1)
+        s_all, t_all = fs.result(), ft.result()
+    checks = []
+    for (src_schema, tgt_schema, tables), (s, s_form), (t, t_form) in zip(pairs, s_all, t_all):
+        for sums, schema, conn, mine, theirs in ((s, src_schema, source, s_form, t_form), (t, tgt_schema, target, t_form, s_form)):
+            redo = {name: theirs[name] for name in tables if theirs[name] > mine[name]}
+            if redo:
+                sums.update(checksums(conn, schema, sorted(redo), columns[src_schema], forms=redo)[0])
+        checks += [TableCheck(f"{tgt_schema}.{name}", s[name][0], t[name][0], s[name][1], t[name][1]) for name in tables]
+    return Verification(checks, when=when)
+

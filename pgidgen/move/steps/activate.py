@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import time
 
-from ...ddl.ledger import ledger_copy_sql
+from ...ddl.ledger import ledger_copy_sql_of
 from ...db import execute_script
 from .. import sqltext as q
 from ..context import MoveError
@@ -13,45 +13,63 @@ from .base import MoverBase
 
 class ActivateStep(MoverBase):
     def step_activate(self) -> None:
-        row = self._target_row()
-        if row is not None and row[0] == "active":
+        state = self._target_state()
+        if state == "active":
             return
-        if row is None or row[0] != "incoming":
-            raise MoveError(f"database {self.ctx.target} lost its copy of shard {self.ctx.shard}", hint="see 'pgidgen map' and the journal (pgidgen.move_log)")
-        shard, retired = self.ctx.shard, self.ctx.source_schema
+        if state != "incoming":
+            raise MoveError(f"database {self.ctx.target} lost its copy of {self.what}", hint="see 'pgidgen map' and the journal (pgidgen.move_log)")
+        shard = self.ctx.shard
         if self.resumed_step in ("cutover", "activate") and getattr(self, "pause_started", None) is None and not self.opts.offline and self._sub_oid():
             # The cutover's catch-up was in an earlier run: a target that restarted since may have lost applied
             # changes (the apply worker commits asynchronously) and must apply them again before it serves.
             if not self._beat(time.perf_counter() + self.opts.catchup_timeout):
-                raise MoveError(f"database {self.ctx.target} has not applied all changes of shard {shard} made before the flip",
+                raise MoveError(f"database {self.ctx.target} has not applied all changes of {self.what} made before the flip",
                                 where=f"{self.ctx.target}'s subscription {self.names.subscription}",
                                 hint=f"see pg_stat_subscription and the target's server log, then --resume {shard}")
-        last_id = int(self.admin.execute("SELECT pgidgen.last_id(%s)", (shard,)).fetchone()[0])  # type: ignore[index]
-        seqs = self._sequence_values(retired)
+        last_ids = {int(r[0]): int(r[1]) for r in self.admin.execute(
+            "SELECT s, pgidgen.last_id(s) FROM pg_catalog.unnest(%s::int[]) s", (self.shards,))}
+        seqs = self._sequence_values({c.shard: c.source_schema for c in self.ctxs})
         skew = float(self.rec.detail.get("skew_ms", 0.0))
         unc = float(self.rec.detail.get("skew_uncertainty_ms", 0.0))
         ahead = math.ceil(-skew + unc) + 1
-        self.journal.note("activate", last_id=last_id, ahead_ms=ahead)
+        if len(self.ctxs) == 1:
+            self.journal.note("activate", last_id=last_ids[shard], ahead_ms=ahead)
+        else:
+            self.journal.note("activate", last_ids={str(k): v for k, v in last_ids.items()}, ahead_ms=ahead)
         sub = None if self.opts.offline else (self.names.subscription if self._sub_oid() else None)
-        ledger = ledger_copy_sql(self.admin, shard)
+        ledger = self.ledger_sql if self.ledger_sql is not None else self._ledger()
+        t_activate = time.perf_counter()
         with self.tgt.transaction():
             execute_script(self.tgt, ledger)
-            execute_script(self.tgt, q.activate_sql(shard, self.ctx.schema, last_id=last_id, ahead_ms=ahead, sequences=seqs, subscription=sub))
+            execute_script(self.tgt, "".join(
+                q.activate_sql(c.shard, c.schema, last_id=last_ids[c.shard], ahead_ms=ahead, sequences=seqs.get(c.shard, []),
+                               subscription=sub if c is self.ctxs[-1] else None) for c in self.ctxs))
         started = getattr(self, "pause_started", None)
         if self.snapshot is not None and self.verification is None and self.checking is None:
-            self._start_checking(self.snapshot, retired)
+            self._start_checking(self.snapshot)
         if started is not None:
-            self.report.pause_ms = (time.perf_counter() - started) * 1000
-            self.journal.note("activate", pause_ms=round(self.report.pause_ms, 1))
+            done = time.perf_counter()
+            self.report.pause_ms = (done - started) * 1000
+            parts = dict(self.pause_parts, read_ms=t_activate - started - sum(self.pause_parts.values()), activate_ms=done - t_activate)
+            self.report.pause_parts = {k: round(v * 1000, 1) for k, v in parts.items()}
+            self.journal.note("activate", pause_ms=round(self.report.pause_ms, 1), pause_parts=self.report.pause_parts)
 
-    def _sequence_values(self, schema: str) -> list[q.SeqValue]:
-        """The shard's own sequences (serial, identity, ...) as they stand: last_value and is_called read from
+    def _ledger(self) -> str:
+        """The batch's DDL-ledger rows as SQL for the target (read before the pause: apply-ddl waits for moves)."""
+        return ledger_copy_sql_of(self.admin, self.shards)
+
+    def _sequence_values(self, schemas: dict[int, str]) -> dict[int, list[q.SeqValue]]:
+        """The shards' own sequences (serial, identity, ...) as they stand: last_value and is_called read from
         each sequence itself (pg_sequences shows NULL for one not yet called, as after ALTER SEQUENCE ... RESTART,
         and for one the reader may not see; carrying its start value instead would hand values out again)."""
-        names = [r[0] for r in self.admin.execute(
-            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'S'"
-            " AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset') ORDER BY 1", (schema,))]
+        shard_of = {schema: shard for shard, schema in schemas.items()}
+        names = [(r[0], r[1]) for r in self.admin.execute(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ANY(%s) AND c.relkind = 'S'"
+            " AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset') ORDER BY 1, 2", (list(schemas.values()),))]
+        out: dict[int, list[q.SeqValue]] = {}
         if not names:
-            return []
-        query = " UNION ALL ".join(f"SELECT {q.literal(n)}, last_value, is_called FROM {q.ident(schema, n)}" for n in names)
-        return [q.SeqValue(r[0], int(r[1]), bool(r[2])) for r in self.admin.execute(query)]
+            return out
+        query = " UNION ALL ".join(f"SELECT {q.literal(s)}, {q.literal(n)}, last_value, is_called FROM {q.ident(s, n)}" for s, n in names)
+        for r in self.admin.execute(query):
+            out.setdefault(shard_of[r[0]], []).append(q.SeqValue(r[1], int(r[2]), bool(r[3])))
+        return out

@@ -14,8 +14,9 @@ from ...config import Config
 from ... import redact
 from ...db import connect, own_session, scrub
 from ...errors import PgidgenError
+from ...ranges import collapse
 from .. import sqltext as q
-from ..context import ShardContext
+from ..context import MoveError, ShardContext
 from ..journal import POINT_OF_NO_RETURN, Journal
 from ..transfer import SchemaDump
 from ..verify import Verification
@@ -34,6 +35,7 @@ class MoveOptions:
     drop_source: bool = False
     catchup_timeout: float = 600.0
     subscription_conninfo: str | None = None
+    origin: str = "move-shard"  # or "rebalance": a rebalance run again finishes the moves it left unfinished
 
     def __post_init__(self) -> None:
         redact.register(self.subscription_conninfo)
@@ -69,13 +71,25 @@ class MoveReport:
     attempts: int = 0
     verification: Verification | None = None
     notes: list[str] = field(default_factory=list)
+    shards: list[int] = field(default_factory=list)  # the batch (shard is its lowest)
+    retired_schemas: dict[int, str] = field(default_factory=dict)  # per shard of the batch
+    bytes_copied: int = 0
+    pause_parts: dict[str, float] = field(default_factory=dict)  # ms: where the pause went
+
+    def __post_init__(self) -> None:
+        self.shards = self.shards or [self.shard]
+
+    @property
+    def what(self) -> str:
+        return f"shard {self.shard}" if len(self.shards) == 1 else f"shards {collapse(self.shards)}"
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "shard": self.shard, "source": self.source, "target": self.target, "mode": self.mode, "move_id": self.move_id,
+            "shard": self.shard, "shards": self.shards, "source": self.source, "target": self.target, "mode": self.mode, "move_id": self.move_id,
             "status": self.status, "pause_ms": self.pause_ms, "seconds": round(self.seconds, 3), "last_id": self.last_id,
             "clock_skew_ms": self.skew_ms, "retired_schema": self.retired_schema, "cutover_attempts": self.attempts,
-            "notes": self.notes,
+            "retired_schemas": {str(k): v for k, v in sorted(self.retired_schemas.items())}, "bytes_copied": self.bytes_copied,
+            "pause_parts_ms": self.pause_parts, "notes": self.notes,
         }
         if self.verification is not None:
             out["verification"] = self.verification.as_dict()
@@ -84,15 +98,18 @@ class MoveReport:
     def lines(self) -> list[str]:
         out = []
         if self.status == "done":
-            out.append(f"moved shard {self.shard} from {self.source} to {self.target} ({self.mode}) in {self.seconds:.1f}s")
+            out.append(f"moved {self.what} from {self.source} to {self.target} ({self.mode}) in {self.seconds:.1f}s")
             if self.pause_ms is not None:
                 out.append(f"write pause: {self.pause_ms:.0f} ms (cutover attempts: {self.attempts})")
             if self.skew_ms is not None:
                 out.append(f"clock skew {self.target} - {self.source}: {round(self.skew_ms):+d} ms (accounted for in the ID generator)")
             if self.retired_schema:
                 out.append(f"the source copy is kept read-only as {self.source}.{self.retired_schema}; drop it with 'pgidgen move-shard --cleanup {self.shard}'")
+            elif self.retired_schemas:
+                out.append(f"the source copies are kept read-only on {self.source} as shard_N_moved_...; drop them with"
+                           f" 'pgidgen move-shard --cleanup N' for each of {collapse(self.retired_schemas)}")
         elif self.status == "rolled_back":
-            out.append(f"rolled back the move of shard {self.shard} to {self.target}: {self.source} serves it as before; nothing is left on {self.target}")
+            out.append(f"rolled back the move of {self.what} to {self.target}: {self.source} serves it as before; nothing is left on {self.target}")
         if self.verification is not None:
             v = self.verification
             out.append(f"verified {v.when}: {len(v.tables)} tables, {v.rows} rows: " + ("all match" if v.ok else "MISMATCH"))
@@ -147,13 +164,17 @@ class CutoverAborted(Exception):
     """Catch-up or the lock did not fit in --max-pause: the source was left serving."""
 
 
+class PauseExceeded(MoveError):
+    """A move's cutover did not fit --max-pause (CutoverAborted, after its attempts): nothing flipped."""
+
+
 class MoverBase:
     """The state one move carries from phase to phase (connections, journal, report)."""
 
     def __init__(
         self,
         config: Config,
-        ctx: ShardContext,
+        ctxs: list[ShardContext],
         journal: Journal,
         options: MoveOptions,
         progress: Callable[[CopyProgress], None] | None,
@@ -164,7 +185,8 @@ class MoverBase:
     ) -> None:
         self.config = config
         self.schema_dump = schema_dump  # started before the move was journaled, for the copy step
-        self.ctx = ctx
+        self.ctxs = ctxs  # the batch, by shard
+        self.ctx = ctxs[0]  # its lowest shard: the journal's row, the source and target of all
         self.journal = journal
         self.rec = journal.record
         self.opts = options
@@ -178,9 +200,12 @@ class MoverBase:
         self.checking: Background[Verification] | None = None
         self.ahead: Background[list[psycopg.Connection[Any]]] | None = None
         self.check_src: psycopg.Connection[Any] | None = None
-        self.report = MoveReport(ctx.shard, ctx.source, ctx.target, self.rec.mode, self.rec.move_id, "running")
+        self.report = MoveReport(self.ctx.shard, self.ctx.source, self.ctx.target, self.rec.mode, self.rec.move_id, "running",
+                                 shards=[c.shard for c in ctxs])
         self.t0 = time.perf_counter()
         self.resumed_step: str | None = None  # the step a resumed run starts from
+        self.ledger_sql: str | None = None  # activate's DDL-ledger rows, rendered before the pause
+        self.pause_parts: dict[str, float] = {}  # seconds: lock, compare, catchup, retire (cutover), then activate's
 
     # connections ----------------------------------------------------------------------------------
     @property
@@ -245,11 +270,31 @@ class MoverBase:
             return f"the target serves the shard already; finish with 'pgidgen move-shard --resume {self.ctx.shard}'"
         return f"fix the cause, then 'pgidgen move-shard --resume {self.ctx.shard}' or undo with '--rollback {self.ctx.shard}'"
 
-    def _target_row(self) -> tuple[str, str] | None:
+    @property
+    def shards(self) -> list[int]:
+        return [c.shard for c in self.ctxs]
+
+    @property
+    def what(self) -> str:
+        return self.report.what
+
+    def _target_rows(self) -> dict[int, tuple[str, str]]:
+        """The batch's rows in the target's catalog: shard -> (state, schema)."""
         if not self.tgt.execute("SELECT to_regclass('pgidgen.shards') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+            return {}
+        return {int(r[0]): (r[1], r[2]) for r in self.tgt.execute(
+            "SELECT shard, state, schema_name FROM pgidgen.shards WHERE shard = ANY(%s)", (self.shards,))}
+
+    def _target_state(self) -> str | None:
+        """The batch's one state on the target (its rows change together), or None when it has none of them."""
+        rows = self._target_rows()
+        states = {st for st, _ in rows.values()}
+        if not rows:
             return None
-        row = self.tgt.execute("SELECT state, schema_name FROM pgidgen.shards WHERE shard = %s", (self.ctx.shard,)).fetchone()
-        return (row[0], row[1]) if row else None
+        if len(states) > 1 or len(rows) != len(self.ctxs):
+            raise MoveError(f"database {self.ctx.target} holds the shards of this move in different states"
+                            f" ({', '.join(f'{s} {st}' for s, (st, _) in sorted(rows.items()))})", hint="see 'pgidgen map' and the journal (pgidgen.move_log)")
+        return states.pop()
 
     def _reset_target(self) -> None:
         """The target connection's settings back to pgidgen's session after a restore script changed them."""
@@ -268,6 +313,12 @@ class MoverBase:
         raise NotImplementedError
 
     def _reset_copy(self) -> None:
+        raise NotImplementedError
+
+    def _drop_target_copy(self) -> None:
+        raise NotImplementedError
+
+    def _ledger(self) -> str:
         raise NotImplementedError
 
     def _shard_depends_on_catalog(self) -> bool:
@@ -294,5 +345,8 @@ class MoverBase:
     def _partitioned(self, schema: str) -> list[str]:
         raise NotImplementedError
 
-    def _start_checking(self, snap: psycopg.Connection[Any], retired: str) -> None:
+    def _start_checking(self, snap: psycopg.Connection[Any]) -> None:
+        raise NotImplementedError
+
+    def _compare_all(self, src: psycopg.Connection[Any], source_schemas: dict[int, str], tgt: psycopg.Connection[Any], *, when: str | None = None) -> Verification:
         raise NotImplementedError

@@ -8,11 +8,31 @@ from typing import Any
 import psycopg
 
 from ...db import connect, execute_script
-from ...ddl.drift import schema_items
+from ...ddl.drift import ITEMS_SQL, schema_items
 from .. import sqltext as q
 from ..context import MoveError, describe_dependents, outside_dependents
-from ..verify import compare
+from ..journal import retired_names
 from .base import LOCK_WAIT_RECHECK, CutoverAborted, MoverBase
+
+
+#: drift.SCHEMA_ITEMS_SQL for a batch's schemas at once: (schema, item).
+SCHEMA_ITEMS_MANY_SQL = ITEMS_SQL.replace(
+    """    SELECT n.oid AS nsp, n.nspname, sh.shard
+    FROM pgidgen.shards sh JOIN pg_catalog.pg_namespace n ON n.nspname = sh.schema_name
+    WHERE sh.state IN ('active', 'moving') {filter}""",
+    """    SELECT n.oid AS nsp, n.nspname, n.oid::pg_catalog.int8 AS shard FROM pg_catalog.pg_namespace n WHERE n.nspname = ANY(%(schemas)s)""",
+).replace("{index_filter}", "AND ix.indisvalid") + "SELECT s.nspname, replace(i.item, s.nspname || '.', 'shard_N.') FROM items i JOIN s ON s.shard = i.shard"
+assert "%(schemas)s" in SCHEMA_ITEMS_MANY_SQL
+
+
+def schema_items_many(conn: psycopg.Connection[Any], schemas: list[str]) -> dict[str, set[str]]:
+    """drift.schema_items of each schema, in one query."""
+    if len(schemas) == 1:
+        return {schemas[0]: schema_items(conn, schemas[0])}
+    out: dict[str, set[str]] = {s: set() for s in schemas}
+    for schema, item in conn.execute(SCHEMA_ITEMS_MANY_SQL, {"schemas": schemas}):
+        out[schema].add(str(item))
+    return out
 
 
 class CutoverSteps(MoverBase):
@@ -24,7 +44,7 @@ class CutoverSteps(MoverBase):
             # the two left a full copy there (indexes and constraints included), which the copy cannot go into
             # again. The source still serves; start the target's copy over (its schema too, should an earlier
             # resume have stopped between dropping and making it).
-            if self._target_row() is not None:
+            if self._target_rows():
                 self._reset_copy()
             self.step_schema()
         if "skew_ms" not in self.rec.detail:
@@ -47,21 +67,30 @@ class CutoverSteps(MoverBase):
         raise CutoverAborted(f"{last} ({attempts} attempts)")
 
     def _source_retired(self) -> bool:
-        retired = self.rec.detail.get("retired_schema")
+        """Whether this move's cutover committed on the source (all of the batch's shards retire in it)."""
+        retired = retired_names(self.rec)
         if not retired:
             return False
-        row = self.admin.execute("SELECT state, schema_name FROM pgidgen.shards WHERE shard = %s", (self.ctx.shard,)).fetchone()
-        if row is not None and row[0] == "retired" and row[1] == retired:
-            self.ctx.source_schema = retired
-            return True
-        return False
+        rows = {int(r[0]): (r[1], r[2]) for r in self.admin.execute(
+            "SELECT shard, state, schema_name FROM pgidgen.shards WHERE shard = ANY(%s)", (self.shards,))}
+        if not all(rows.get(c.shard) == ("retired", retired.get(c.shard)) for c in self.ctxs):
+            return False
+        for c in self.ctxs:
+            c.source_schema = retired[c.shard]
+        return True
 
     def _cutover_once(self) -> None:
-        shard, schema = self.ctx.shard, self.ctx.schema
-        retired = f"{schema}_moved_{time.strftime('%Y%m%d%H%M%S', time.gmtime())}"
-        self.journal.note("cutover", retired_schema=retired)
-        tables = [q.TableRef(schema, t.name) for t in self.ctx.tables]
-        guarded = [q.TableRef(schema, name) for name in self._partitioned(schema)] + tables  # parents first, as writers lock them
+        shard = self.ctx.shard
+        stamp = time.strftime('%Y%m%d%H%M%S', time.gmtime())
+        retired = {c.shard: f"{c.schema}_moved_{stamp}" for c in self.ctxs}
+        if len(self.ctxs) == 1:
+            self.journal.note("cutover", retired_schema=retired[shard])
+        else:
+            self.journal.note("cutover", retired_schemas={str(k): v for k, v in retired.items()})
+        schemas = [c.schema for c in self.ctxs]
+        # per shard: parents first, as writers lock them
+        guarded = {c.shard: [q.TableRef(c.schema, name) for name in self._partitioned(c.schema)] + [q.TableRef(c.schema, t.name) for t in c.tables]
+                   for c in self.ctxs}
         budget = self.opts.max_pause
         ahead = self._take_ahead()
         if ahead is not None:
@@ -69,53 +98,64 @@ class CutoverSteps(MoverBase):
         else:
             src = connect(self.ctx.source, self.config.dsn(self.ctx.source))
             snap = connect(self.ctx.target, self.config.dsn(self.ctx.target))  # before the pause
-        theirs = self._tables_as_they_stand(self.tgt, schema)  # the target's side, read before the pause
-        their_items = schema_items(self.tgt, schema) if not self.opts.offline else set()  # offline: post-data comes under the freeze
+        theirs = self._tables_as_they_stand(self.tgt, schemas)  # the target's side, read before the pause
+        their_items = schema_items_many(self.tgt, schemas) if not self.opts.offline else {}  # offline: post-data comes under the freeze
         if not self.opts.offline:
             # The schema on both sides, and nothing outside the shard depending on it, checked right before the
             # pause rather than in it (some 20 ms under load): DDL that does not wait for the freeze's locks
             # (a view, a grant, a function) could slip in after a check made in the pause just the same.
-            changed = self._changed_objects(schema_items(src, schema), their_items)
-            found = outside_dependents(src, schema)
+            my_items = schema_items_many(src, schemas)
+            outside = outside_dependents(src, schemas[0]) if len(schemas) == 1 else \
+                [str(r[0]) for r in src.execute(q.OUTSIDE_DEPENDENTS_ANY_SQL, {"schemas": schemas})]
             src.rollback()
-            if found:  # made during the move: they would stay bound to the retired copy
-                changed.append(f"objects outside it now depend on it: {describe_dependents(found)}")
-            if changed:
-                src.close()
-                snap.close()
-                raise MoveError(f"the tables of {schema} changed during the move ({'; '.join(changed)})", where=self.ctx.source,
-                                hint=f"nothing was flipped; roll back with --rollback {shard} and move again")
-            self._tables_as_they_stand(src, schema, prepare=True)  # the query the pause makes: planned before it
+            for schema in schemas:
+                changed = self._changed_objects(my_items[schema], their_items[schema])
+                found = outside
+                if found:  # made during the move: they would stay bound to the retired copy
+                    changed.append(f"objects outside it now depend on it: {describe_dependents(found)}")
+                if changed:
+                    src.close()
+                    snap.close()
+                    raise MoveError(f"the tables of {schema} changed during the move ({'; '.join(changed)})", where=self.ctx.source,
+                                    hint=f"nothing was flipped; roll back with --rollback {shard} and move again")
+            self._tables_as_they_stand(src, schemas, prepare=True)  # the query the pause makes: planned before it
             src.rollback()
+        if self.ledger_sql is None:
+            self.ledger_sql = self._ledger()
         committed = False
         try:
             t_start = time.perf_counter()
             deadline = t_start + budget
             try:
-                execute_script(src, q.freeze_sql(shard, guarded, int(budget * 1000)))
+                execute_script(src, q.freeze_sql(self.shards, [t for c in self.ctxs for t in guarded[c.shard]], int(budget * 1000)))
             except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
                 src.rollback()
-                raise CutoverAborted(f"the shard's tables could not be locked within --max-pause {budget * 1000:.0f} ms (long transactions on them?)") from None
-            waited = time.perf_counter() - t_start > LOCK_WAIT_RECHECK
-            mine = self._tables_as_they_stand(src, schema, prepare=not self.opts.offline)
-            now = set(mine)
-            if now != {t.name for t in self.ctx.tables}:
-                src.rollback()
-                raise MoveError(
-                    f"the tables of {schema} changed during the move ({', '.join(sorted(now ^ {t.name for t in self.ctx.tables}))})",
-                    where=self.ctx.source, hint=f"tables created or dropped mid-move are not replicated: roll back with --rollback {shard} and move again",
-                )
-            changed = self._changed_tables(mine, theirs)
-            if not changed and waited and not self.opts.offline:
-                # the locks were waited for: DDL that held one (CREATE INDEX, ALTER TABLE, CREATE POLICY, ...) may
-                # have committed meanwhile, after the check made before the pause
-                changed = self._changed_objects(schema_items(src, schema), their_items)
-            if changed:
-                src.rollback()
-                raise MoveError(
-                    f"the tables of {schema} changed during the move ({'; '.join(changed)})", where=self.ctx.source,
-                    hint=f"nothing was flipped; roll back with --rollback {shard} and move again",
-                )
+                whose = "the shard's tables" if len(self.ctxs) == 1 else f"the tables of {self.what}"
+                raise CutoverAborted(f"{whose} could not be locked within --max-pause {budget * 1000:.0f} ms (long transactions on them?)") from None
+            t_frozen = time.perf_counter()
+            waited = t_frozen - t_start > LOCK_WAIT_RECHECK
+            mine_all = self._tables_as_they_stand(src, schemas, prepare=not self.opts.offline)
+            for c in self.ctxs:
+                mine, schema = mine_all.get(c.schema, {}), c.schema
+                now = set(mine)
+                if now != {t.name for t in c.tables}:
+                    src.rollback()
+                    raise MoveError(
+                        f"the tables of {schema} changed during the move ({', '.join(sorted(now ^ {t.name for t in c.tables}))})",
+                        where=self.ctx.source, hint=f"tables created or dropped mid-move are not replicated: roll back with --rollback {shard} and move again",
+                    )
+                changed = self._changed_tables(mine, theirs.get(schema, {}))
+                if not changed and waited and not self.opts.offline:
+                    # the locks were waited for: DDL that held one (CREATE INDEX, ALTER TABLE, CREATE POLICY, ...) may
+                    # have committed meanwhile, after the check made before the pause
+                    changed = self._changed_objects(schema_items(src, schema), their_items[schema])
+                if changed:
+                    src.rollback()
+                    raise MoveError(
+                        f"the tables of {schema} changed during the move ({'; '.join(changed)})", where=self.ctx.source,
+                        hint=f"nothing was flipped; roll back with --rollback {shard} and move again",
+                    )
+            t_checked = time.perf_counter()
             if self.opts.offline:
                 self._offline_copy()
             elif not self._beat(deadline):
@@ -126,20 +166,25 @@ class CutoverSteps(MoverBase):
             snap.execute("SELECT 1 FROM pgidgen.shards LIMIT 1")  # the snapshot: the target at the cutover point
             self._point("cutover:frozen")
             if self.opts.offline or self.opts.verify_in_pause:
-                v = compare(src, schema, snap, schema, [t.name for t in self.ctx.tables], when="at the cutover point, before the flip")
+                v = self._compare_all(src, {c.shard: c.schema for c in self.ctxs}, snap, when="at the cutover point, before the flip")
                 if not v.ok:
                     src.rollback()
                     self.verification = v
                     raise MoveError(
-                        f"the copy of shard {shard} on {self.ctx.target} differs from the source: "
+                        f"the copy of {self.what} on {self.ctx.target} differs from the source: "
                         + "; ".join(t.describe() for t in v.mismatches()),
                         hint=f"nothing was flipped; the source keeps serving; roll back with --rollback {shard}",
                     )
                 self.verification = v
-            execute_script(src, q.retire_sql(shard, schema, retired, guarded, self.ctx.target))
+            t_caught = time.perf_counter()
+            execute_script(src, "".join(q.retire_sql(c.shard, c.schema, retired[c.shard], guarded[c.shard], self.ctx.target) for c in self.ctxs))
             src.commit()
             committed = True
-            self.ctx.source_schema = retired
+            t_retired = time.perf_counter()
+            self.pause_parts = {"lock_ms": t_frozen - t_start, "compare_ms": t_checked - t_frozen, "catchup_ms": t_caught - t_checked,
+                                "retire_ms": t_retired - t_caught}
+            for c in self.ctxs:
+                c.source_schema = retired[c.shard]
             self.pause_started = t_start
         finally:
             if not committed and not src.closed:
@@ -152,10 +197,13 @@ class CutoverSteps(MoverBase):
     def _partitioned(self, schema: str) -> list[str]:
         return [r[0] for r in self.admin.execute(q.PARTITIONED_SQL, (schema,))]
 
-    def _tables_as_they_stand(self, conn: psycopg.Connection[Any], schema: str, *, prepare: bool | None = None) -> dict[str, tuple[str, bool]]:
-        """Per table of the schema: its columns (name and type, by name) and whether the move's publication
-        holds it. One catalog query: on the source it runs inside the pause."""
-        return {r[0]: (r[1] or "", bool(r[2])) for r in conn.execute(q.TABLES_AS_THEY_STAND_SQL, {"schema": schema, "publication": self.names.publication}, prepare=prepare)}
+    def _tables_as_they_stand(self, conn: psycopg.Connection[Any], schemas: list[str], *, prepare: bool | None = None) -> dict[str, dict[str, tuple[str, bool]]]:
+        """Per schema, per table: its columns (name and type, by name) and whether the move's publication holds
+        it. One catalog query for the batch: on the source it runs inside the pause."""
+        out: dict[str, dict[str, tuple[str, bool]]] = {}
+        for r in conn.execute(q.TABLES_AS_THEY_STAND_MANY_SQL, {"schemas": schemas, "publication": self.names.publication}, prepare=prepare):
+            out.setdefault(r[0], {})[r[1]] = (r[2] or "", bool(r[3]))
+        return out
 
     def _changed_tables(self, mine: dict[str, tuple[str, bool]], theirs: dict[str, tuple[str, bool]]) -> list[str]:
         """Under the freeze, before the flip: tables whose columns differ between source and target (DDL on one

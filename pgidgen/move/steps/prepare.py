@@ -60,7 +60,7 @@ class PrepareSteps(MoverBase):
             if not self.admin.execute("SELECT pg_try_advisory_xact_lock_shared(%s, %s)", (LOCK_CLASS, DDL_LOCK)).fetchone()[0]:  # type: ignore[index]
                 raise MoveError(f"pgidgen apply-ddl is changing shards in database {self.ctx.source}",
                                 hint=f"wait for it to finish, then 'pgidgen move-shard --resume {self.ctx.shard}'")
-            self.admin.execute(q.source_moving_sql(self.ctx.shard))
+            self.admin.execute(q.source_moving_sql(self.shards))
 
     def _ensure_target_catalog(self, conn: psycopg.Connection[Any] | None = None) -> None:
         ensure_catalog(conn or self.tgt, self.ctx.target, self.config, layout=self.ctx.layout, shard_count=self.ctx.shard_count)
@@ -72,15 +72,15 @@ class PrepareSteps(MoverBase):
             self._ensure_target_catalog(conn)
 
     def _shard_depends_on_catalog(self) -> bool:
-        """Whether any object of the shard's schema depends on one in the pgidgen schema (a column DEFAULT or a
-        CHECK calling a pgidgen function, a pgidgen type, ...): then the catalog must exist before the schema."""
-        row = self.admin.execute(q.DEPENDS_ON_CATALOG_SQL, {"schema": self.ctx.source_schema or self.ctx.schema}).fetchone()
+        """Whether any object of the batch's schemas depends on one in the pgidgen schema (a column DEFAULT or a
+        CHECK calling a pgidgen function, a pgidgen type, ...): then the catalog must exist before the schemas."""
+        row = self.admin.execute(q.DEPENDS_ON_CATALOG_ANY_SQL, {"schemas": [c.source_schema or c.schema for c in self.ctxs]}).fetchone()
         return bool(row and row[0])
 
     def dump_schema(self) -> bytes:
         src_dsn, src_env = tool_args(self.config.dsn(self.ctx.source))
         proc = subprocess.run(
-            [tool("pg_dump"), "--section=pre-data", f"--schema={self.ctx.schema}", *DUMP_OPTIONS, "-d", src_dsn],
+            [tool("pg_dump"), "--section=pre-data", *(f"--schema={c.schema}" for c in self.ctxs), *DUMP_OPTIONS, "-d", src_dsn],
             capture_output=True, env=src_env,
         )
         if proc.returncode != 0:
@@ -88,21 +88,22 @@ class PrepareSteps(MoverBase):
         return script_of(proc.stdout, self.ctx.schema)
 
     def step_schema(self) -> None:
-        row = self._target_row()
-        if row is not None:
-            if row[0] == "incoming":
-                return  # committed together with the schema: already done
-            raise ConflictError(f"database {self.ctx.target} holds shard {self.ctx.shard} as {row[0]}", hint="see 'pgidgen map'")
+        state = self._target_state()
+        if state is not None:
+            if state == "incoming":
+                return  # committed together with the schemas: already done
+            raise ConflictError(f"database {self.ctx.target} holds {self.what} as {state}", hint="see 'pgidgen map'")
         script = self.dump_schema()
         try:
             with self.tgt.transaction():
                 encoding = str(self.admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
                 self.tgt.execute(f"SET client_encoding = {q.literal(encoding)}")
                 self.tgt.execute(script)
-                execute_script(self.tgt, q.target_row_sql(self.ctx.shard, self.ctx.schema))
+                for ctx in self.ctxs:
+                    execute_script(self.tgt, q.target_row_sql(ctx.shard, ctx.schema))
         except psycopg.Error as e:
             raise MoveError(
-                f"database {self.ctx.target} refused the schema of shard {self.ctx.shard}: {pg_message(e)}",
+                f"database {self.ctx.target} refused the schema of {self.what}: {pg_message(e)}",
                 hint="create the roles the shard's objects belong to on the target, then --resume" if getattr(e, "sqlstate", "") == "42704" else self._next_hint("schema"),
             ) from None
         finally:

@@ -19,7 +19,7 @@ class ReplicationSteps(MoverBase):
     def step_publication(self) -> None:
         if self.admin.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.names.publication,)).fetchone():
             return
-        tables = [q.TableRef(self.ctx.schema, t.name) for t in self.ctx.tables]
+        tables = [q.TableRef(c.schema, t.name) for c in self.ctxs for t in c.tables]
         with self.admin.transaction():
             execute_script(self.admin, q.publication_sql(self.names, tables))
 
@@ -77,12 +77,13 @@ class ReplicationSteps(MoverBase):
             if self._beat(min(give_up, t + max(self.opts.max_pause, 5.0))) and time.perf_counter() - t <= self.opts.max_pause / 2:
                 break
             if oid and self._errors(oid) > errors0:
-                raise MoveError(f"applying changes of shard {self.ctx.shard} on {self.ctx.target} failed", where=f"{self.ctx.target}'s server log",
+                raise MoveError(f"applying changes of {self.what} on {self.ctx.target} failed", where=f"{self.ctx.target}'s server log",
                                 hint=f"fix the cause (see the log), then --resume {self.ctx.shard}, or --rollback {self.ctx.shard}")
             if time.perf_counter() > give_up:
                 raise CutoverAborted(f"replication did not catch up within {self.opts.catchup_timeout:.0f}s")
             if self.progress is not None:
-                self.progress(CopyProgress(len(self.ctx.tables), len(self.ctx.tables), 0, 0, 0, self._lag()))
+                ntables = sum(len(c.tables) for c in self.ctxs)
+                self.progress(CopyProgress(ntables, ntables, 0, 0, 0, self._lag()))
         self._measure_skew()
 
     def _measure_skew(self) -> None:

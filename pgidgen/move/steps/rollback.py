@@ -12,24 +12,25 @@ class RollbackStep(MoverBase):
     def rollback(self) -> MoveReport:
         shard = self.ctx.shard
         try:
-            row = self._target_row()
-            if row is not None and row[0] == "active":
+            rows = self._target_rows()
+            if any(st == "active" for st, _ in rows.values()):
                 raise MoveError(
-                    f"the move of shard {shard} is past its flip: {self.ctx.target} serves the shard and may have taken writes",
-                    hint=f"finish it with 'pgidgen move-shard --resume {shard}'; to go back, move the shard again afterwards",
+                    f"the move of {self.what} is past its flip: {self.ctx.target} serves {'the shard' if len(self.ctxs) == 1 else 'them'} and may have taken writes",
+                    hint=f"finish it with 'pgidgen move-shard --resume {shard}'; to go back, move {'the shard' if len(self.ctxs) == 1 else 'them'} again afterwards",
                 )
             self.journal.log(self.rec.step, "rollback", {})
             teardown(self.admin, self.tgt, self.names, self.rec.detail.get("subscription_oid"))
-            if row is not None and row[0] == "incoming":
+            if any(st == "incoming" for st, _ in rows.values()):
                 with self.tgt.transaction():
-                    self.tgt.execute(f"DROP SCHEMA IF EXISTS {q.ident(self.ctx.schema)} CASCADE")
-                    self.tgt.execute("DELETE FROM pgidgen.shards WHERE shard = %s AND state = 'incoming'", (shard,))
-            src_row = self.admin.execute("SELECT state, schema_name FROM pgidgen.shards WHERE shard = %s", (shard,)).fetchone()
+                    self._drop_target_copy()
+            src_rows = {int(r[0]): (r[1], r[2]) for r in self.admin.execute(
+                "SELECT shard, state, schema_name FROM pgidgen.shards WHERE shard = ANY(%s)", (self.shards,))}
             with self.admin.transaction():
-                if src_row is not None and src_row[0] == "retired":
-                    execute_script(self.admin, q.unretire_sql(shard, self.ctx.schema, src_row[1], [t.name for t in self.ctx.tables] + self._partitioned(src_row[1])))
-                else:
-                    self.admin.execute("UPDATE pgidgen.shards SET state = 'active', updated_at = now() WHERE shard = %s AND state = 'moving'", (shard,))
+                for c in self.ctxs:
+                    st = src_rows.get(c.shard)
+                    if st is not None and st[0] == "retired":
+                        execute_script(self.admin, q.unretire_sql(c.shard, c.schema, st[1], [t.name for t in c.tables] + self._partitioned(st[1])))
+                self.admin.execute("UPDATE pgidgen.shards SET state = 'active', updated_at = now() WHERE shard = ANY(%s) AND state = 'moving'", (self.shards,))
             self.journal.finish("rolled_back")
         finally:
             self._close()

@@ -1,0 +1,145 @@
+"""How a set of shards is cut into batches, each moved with one replication stream and one cutover.
+
+A batch's write pause is its cutover's work: the freeze locks every table of the batch, retires each shard's
+copy on the source (a schema renamed, a trigger per table) and activates each on the target (generator,
+sequences, catalog row). That grows with the shards and tables in it, so a batch is filled while its estimated
+pause stays within a share of --max-pause (the rest is left for the last changes to arrive under the freeze).
+The transactions that create and retire a batch hold a lock per relation of it: a batch also stays within a
+share of the smaller lock table of its two servers. A cutover that still does not fit is rolled back and its
+batch moved again as two halves (engine.move_shards).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..config import Config
+from ..db import connect
+from ..ranges import collapse
+
+if TYPE_CHECKING:
+    from .context import ShardContext
+    from .steps.base import MoveOptions
+
+#: The cutover's cost (seconds): a fixed part, per shard and per table (its retire renames the schema and puts a
+#: trigger on each table, each a catalog change; activate sets the generator and sequences). Measured with
+#: bench/bench_rebalance.py on 2 shared cores under other load (3.9 s for 93 shards of 2 tables), rounded up; a
+#: move of several batches corrects it by the pauses it measures (Pacer).
+PAUSE_BASE_S = 0.05
+PAUSE_PER_SHARD_S = 0.006
+PAUSE_PER_TABLE_S = 0.018
+#: The share of --max-pause a batch's estimated pause may take.
+PAUSE_SHARE = 0.5
+#: The share of a server's lock table (max_locks_per_transaction * (max_connections + max_prepared_transactions))
+#: one batch's transactions may take: two batches may run at once, beside the applications.
+LOCK_SHARE = 0.2
+#: Locks a shard's cutover and copy take besides one per relation (its schema, catalog row, advisory lock).
+LOCKS_PER_SHARD = 3
+
+
+@dataclass(frozen=True)
+class ShardCost:
+    shard: int
+    tables: int
+    relations: int  # tables, indexes, sequences, views: what the copy creates and holds locks on
+
+
+def estimate_pause(costs: Sequence[ShardCost], *, scale: float = 1.0) -> float:
+    return PAUSE_BASE_S + scale * sum(PAUSE_PER_SHARD_S + PAUSE_PER_TABLE_S * c.tables for c in costs)
+
+
+def cut(costs: Sequence[ShardCost], *, max_pause: float | None, lock_budget: int, scale: float = 1.0) -> list[list[ShardCost]]:
+    """Consecutive runs of the shards, each as long as its estimated pause (max_pause None: not limited) and
+    lock count allow; a shard too large for either alone is a batch of one."""
+    out: list[list[ShardCost]] = []
+    batch: list[ShardCost] = []
+    locks = 0
+    for c in costs:
+        need = c.relations + LOCKS_PER_SHARD
+        over_pause = max_pause is not None and estimate_pause([*batch, c], scale=scale) > PAUSE_SHARE * max_pause
+        if batch and (over_pause or locks + need > lock_budget):
+            out.append(batch)
+            batch, locks = [], 0
+        batch.append(c)
+        locks += need
+    if batch:
+        out.append(batch)
+    return out
+
+
+COSTS_SQL = """
+SELECT n.nspname, count(*) FILTER (WHERE c.relkind IN ('r', 'p')), count(c.oid)
+FROM pg_catalog.pg_namespace n LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid
+WHERE n.nspname = ANY(%s) GROUP BY 1
+"""
+
+LOCK_TABLE_SQL = ("SELECT current_setting('max_locks_per_transaction')::int"
+                  " * (current_setting('max_connections')::int + current_setting('max_prepared_transactions')::int)")
+
+
+def lock_table_size(conn: Any) -> int:
+    return int(conn.execute(LOCK_TABLE_SQL).fetchone()[0])
+
+
+@dataclass
+class Batch:
+    ctxs: list[ShardContext]
+    pause_s: float  # estimated
+    locks: int
+    costs: list[ShardCost] = field(default_factory=list)
+
+    @property
+    def shards(self) -> list[int]:
+        return [c.shard for c in self.ctxs]
+
+    def line(self) -> str:
+        return (f"shards {collapse(self.shards)} ({len(self.ctxs)}): {self.ctxs[0].source} -> {self.ctxs[0].target},"
+                f" estimated write pause {self.pause_s * 1000:.0f} ms, about {self.locks} locks")
+
+
+def plan_batches(config: Config, ctxs: list[ShardContext], options: MoveOptions) -> tuple[Pacer, list[Batch]]:
+    """The batches a move of ctxs (one source, one target) runs as, in shard order. One shard is a batch of one
+    (its move does not wait for the estimate, which it cannot change)."""
+    if len(ctxs) == 1:
+        one = ShardCost(ctxs[0].shard, 0, 0)
+        return Pacer(None, 1), [Batch(ctxs, estimate_pause([one]), 0, [one])]
+    source, target = ctxs[0].source, ctxs[0].target
+    with connect(source, config.dsn(source), autocommit=True) as src:
+        rows = {r[0]: (int(r[1]), int(r[2])) for r in src.execute(COSTS_SQL, ([c.schema for c in ctxs],))}
+        capacity = lock_table_size(src)
+    with connect(target, config.dsn(target), autocommit=True) as tgt:
+        capacity = min(capacity, lock_table_size(tgt))
+    costs = [ShardCost(c.shard, *rows.get(c.schema, (0, 0))) for c in ctxs]
+    by_shard = {c.shard: c for c in ctxs}
+    # offline, the pause is the whole copy anyway: batches are cut by locks only
+    pacer = Pacer(None if options.offline else options.max_pause, max(1, int(capacity * LOCK_SHARE)))
+    return pacer, pacer.cut(costs, by_shard)
+
+
+class Pacer:
+    """Cuts batches and corrects its estimate by the pauses it is told of: the next batches are cut with the
+    estimate scaled by measured / estimated, at most a fifth smaller at a time (a batch grows slowly: an
+    estimate too low overshoots the pause) and at most four times larger."""
+
+    def __init__(self, max_pause: float | None, lock_budget: int) -> None:
+        self.max_pause = max_pause
+        self.lock_budget = lock_budget
+        self.scale = 1.0
+
+    def cut(self, costs: Sequence[ShardCost], by_shard: dict[int, ShardContext]) -> list[Batch]:
+        runs = cut(costs, max_pause=self.max_pause, lock_budget=self.lock_budget, scale=self.scale)
+        return [Batch([by_shard[c.shard] for c in run], estimate_pause(run, scale=self.scale), sum(c.relations + LOCKS_PER_SHARD for c in run), list(run))
+                for run in runs]
+
+    def measured(self, batch: Batch, pause_s: float) -> bool:
+        """A batch's pause as it was: whether the estimate changed enough (a fifth) to cut the rest again."""
+        if self.max_pause is None or len(batch.costs) < 2:
+            return False
+        work = estimate_pause(batch.costs, scale=self.scale) - PAUSE_BASE_S
+        if work <= 0:
+            return False
+        ratio = min(4.0, max(0.8, (pause_s - PAUSE_BASE_S) / work))  # grow slowly, shrink at once
+        if 0.9 <= ratio <= 1.1:
+            return False
+        self.scale *= ratio
+        return True

@@ -1,0 +1,269 @@
+"""Batch moves: a set of shards with one slot, publication, subscription, copy, catch-up and one cutover; crashes
+at every step then rollback and resume of the whole batch; batches cut smaller when their pause would not fit."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from movekit import Writer, leftovers
+from moveshards import POINTS, Crash, crash_at, open_moves, quick_subscription_start, rows_of, setup_shards, start_cli, state_of, wait_stopped  # noqa: F401 (an autouse fixture)
+
+from pgidgen.cli import main
+from pgidgen.config import Config
+from pgidgen.init import init
+from pgidgen.move import MoveError, MoveOptions, batches, move_shards, resume_move, rollback_move, verify_move
+from pgidgen.move.journal import ONLINE_STEPS, POINT_OF_NO_RETURN
+from pgidgen.move.rebalance import rebalance
+from pgidgen.shardmap import read_map
+
+BATCH = [0, 1, 2, 3]  # setup_shards: db1 holds 0-3 with tables
+
+
+def replication_objects_made(dsn: str) -> int:
+    """Moves journaled on the source: one per batch."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return int(c.execute("SELECT count(*) FROM pgidgen.moves").fetchone()[0])
+
+
+def test_a_batch_moves_under_writers_on_several_of_its_shards(config: Config) -> None:
+    setup_shards(config)
+    before = {s: rows_of(config.dsn("db1"), f"shard_{s}") for s in BATCH}
+    writers = {s: Writer(config.databases, s) for s in (0, 1, 3)}
+    for w in writers.values():
+        w.start()
+    time.sleep(0.3)
+    counts = {s: len(w.ids) for s, w in writers.items()}
+    reports = move_shards(config, BATCH, "db3")
+    at = {s: len(w.ids) for s, w in writers.items()}
+    time.sleep(0.3)
+    for w in writers.values():
+        w.stop()
+    assert len(reports) == 1, "four small shards are one batch"
+    report = reports[0]
+    assert report.shards == BATCH and report.status == "done" and report.pause_ms is not None
+    assert report.verification is not None and report.verification.ok
+    assert {t.table for t in report.verification.tables} == {f"shard_{s}.{t}" for s in BATCH for t in ("t", "tags")}
+    assert replication_objects_made(config.dsn("db1")) == 1
+    for s, w in writers.items():
+        assert counts[s] > 0 and len(w.ids) > at[s], f"the writer of shard {s} kept writing before and after the move"
+        ids = w.ids
+        assert len(set(ids)) == len(ids), f"shard {s}: an ID acknowledged twice"
+        assert ids == sorted(ids), f"shard {s}: IDs after the move are greater than those before"
+        target_ids = [r[0] for r in rows_of(config.dsn("db3"), f"shard_{s}")]
+        assert len(target_ids) == len(before[s]) + len(ids), f"shard {s}: rows lost or duplicated"
+        assert set(target_ids) == {r[0] for r in before[s]} | set(ids)
+        assert not w.errors or all("db1" in e for e in w.errors)
+    assert verify_move(config, 2).ok  # --verify finds a batch's shard (no writer on it) by its journal
+    m = read_map(config)
+    assert m.ok and set(BATCH) <= set(m.databases["db3"]) and not set(BATCH) & set(m.databases.get("db1", []))
+    for s in BATCH:
+        assert state_of(config.dsn("db3"), s) == ("active", f"shard_{s}")
+        assert state_of(config.dsn("db1"), s) == ("retired", report.retired_schemas[s])
+        with psycopg.connect(config.dsn("db3"), autocommit=True) as c:  # each shard's own sequence came along
+            assert c.execute(f"INSERT INTO shard_{s}.tags (tag) VALUES ('new') RETURNING n").fetchone()[0] == 11
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction, match="moved to database db3"):
+            c.execute(f"INSERT INTO {report.retired_schemas[2]}.t (v) VALUES (1)")
+    assert leftovers(config.databases) == []
+    assert open_moves(config.dsn("db1")) == 0
+    # the shard after it in db1's map was not part of the batch: still there
+    assert state_of(config.dsn("db2"), 4) == ("active", "shard_4")
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_batch_crashed_at_every_step_rolls_back_and_resumes(config: Config, point: str) -> None:
+    setup_shards(config, rows=50)
+    source = {s: rows_of(config.dsn("db1"), f"shard_{s}") for s in BATCH}
+    with pytest.raises(Crash):
+        move_shards(config, BATCH, "db3", hook=crash_at(point))
+    assert open_moves(config.dsn("db1")) == 1
+    with pytest.raises(MoveError, match="an interrupted move of shard 2 to db3 exists"):
+        move_shards(config, [2], "db2")  # a member of the open batch is refused on its own too
+    past_flip = ONLINE_STEPS.index(point.split(":")[0]) > ONLINE_STEPS.index(POINT_OF_NO_RETURN)
+    if not past_flip:
+        report = rollback_move(config, 3)  # any shard of the batch names it
+        assert report.status == "rolled_back" and report.shards == BATCH
+        for s in BATCH:
+            assert state_of(config.dsn("db1"), s) == ("active", f"shard_{s}")
+            assert state_of(config.dsn("db3"), s) is None
+            assert rows_of(config.dsn("db1"), f"shard_{s}") == source[s]
+        assert leftovers(config.databases) == []
+        with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+            assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'shard_%'").fetchone()[0] == 0
+        with pytest.raises(Crash):
+            move_shards(config, BATCH, "db3", hook=crash_at(point))
+    else:
+        with pytest.raises(MoveError, match="past its flip"):
+            rollback_move(config, 0)
+    report = resume_move(config, 1)
+    assert report.status == "done" and report.shards == BATCH
+    assert report.verification is not None and report.verification.ok
+    for s in BATCH:
+        assert rows_of(config.dsn("db3"), f"shard_{s}") == source[s]
+        assert state_of(config.dsn("db3"), s) == ("active", f"shard_{s}")
+        assert state_of(config.dsn("db1"), s)[0] == "retired"  # type: ignore[index]
+        with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+            assert c.execute(f"INSERT INTO shard_{s}.t (v) VALUES (0) RETURNING id").fetchone()[0] > source[s][-1][0]
+    assert leftovers(config.databases) == []
+    assert open_moves(config.dsn("db1")) == 0
+    assert read_map(config).ok
+
+
+def test_kill9_of_a_batch_while_frozen_then_resume_by_another_of_its_shards(config: Config, config_file: Path) -> None:
+    setup_shards(config, rows=50)
+    proc = start_cli(config_file, "0-3", "db3", stop_at="cutover:frozen")
+    try:
+        wait_stopped(proc)
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    r = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "2", "--resume"])
+    assert r.exit_code == 0, r.output
+    assert "moved shards 0-3 from db1 to db3" in r.output
+    assert all(state_of(config.dsn("db3"), s) == ("active", f"shard_{s}") for s in BATCH)
+    assert leftovers(config.databases) == []
+
+
+def test_a_batch_whose_estimated_pause_exceeds_max_pause_is_cut(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    setup_shards(config, rows=20)
+    # each shard's cutover estimated at about 190 ms: half of --max-pause 1s holds two
+    monkeypatch.setattr(batches, "PAUSE_PER_SHARD_S", 0.15)
+    done: list[list[int]] = []
+    reports = move_shards(config, BATCH, "db3", options=MoveOptions(max_pause=1.0), on_batch=lambda r: done.append(r.shards))
+    assert [r.shards for r in reports] == [[0, 1], [2, 3]] == done
+    assert all(r.status == "done" and r.verification is not None and r.verification.ok for r in reports)
+    assert replication_objects_made(config.dsn("db1")) == 2
+    assert all(state_of(config.dsn("db3"), s) == ("active", f"shard_{s}") for s in BATCH)
+    assert leftovers(config.databases) == []
+
+
+def test_a_batch_whose_cutover_does_not_fit_is_moved_as_halves(config: Config) -> None:
+    """Shard 3's table is locked by a long transaction: the batch's freeze cannot get it within --max-pause, so
+    the batch is rolled back and moved as halves; the half without shard 3 moves, shard 3 alone fails and stays
+    resumable, served by its source."""
+    setup_shards(config, rows=20)
+    with psycopg.connect(config.dsn("db1")) as blocker:
+        blocker.execute("LOCK TABLE shard_3.tags IN ROW EXCLUSIVE MODE")
+        done: list[list[int]] = []
+        with pytest.raises(MoveError, match="shard 3 did not move"):
+            move_shards(config, BATCH, "db3", options=MoveOptions(max_pause=1.0, attempts=1), on_batch=lambda r: done.append(r.shards))
+        blocker.rollback()
+    assert done == [[0, 1], [2]]
+    assert all(state_of(config.dsn("db3"), s) == ("active", f"shard_{s}") for s in (0, 1, 2))
+    assert state_of(config.dsn("db1"), 3) == ("moving", "shard_3")
+    report = resume_move(config, 3)
+    assert report.status == "done" and report.shards == [3]
+    assert leftovers(config.databases) == []
+    assert read_map(config).ok
+
+
+def test_rebalance_moves_a_pair_in_one_batch(config: Config) -> None:
+    setup_shards(config, rows=20)
+    result = rebalance(config, ["db1", "db3"], parallel=1)
+    assert result.ok and [r.shards for r in result.reports] == [[2, 3]]
+    assert {n: sorted(s) for n, s in read_map(config).databases.items() if n != "db2"} == {"db1": [0, 1], "db3": [2, 3]}
+    assert leftovers(config.databases) == []
+
+
+def test_an_interrupted_rebalance_continues_where_it_stopped(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rebalance that dies in its second batch's pause leaves that batch's move journaled; the next rebalance
+    finishes it from its journal before planning, and then finds nothing left to do."""
+    setup_shards(config, rows=20)
+    monkeypatch.setattr(batches, "PAUSE_PER_SHARD_S", 0.3)  # one shard per batch under --max-pause 1s
+    seen: list[str] = []
+
+    def second_pause(point: str) -> None:
+        seen.append(point)
+        if point == "cutover:frozen" and seen.count(point) == 2:
+            raise Crash(point)
+
+    with pytest.raises(Crash):
+        rebalance(config, ["db1", "db3"], parallel=1, hook=second_pause)
+    assert state_of(config.dsn("db3"), 2) == ("active", "shard_2")
+    assert state_of(config.dsn("db1"), 3) == ("moving", "shard_3") and open_moves(config.dsn("db1")) == 1
+    result = rebalance(config, ["db1", "db3"], parallel=1)
+    assert result.ok and [r.shards for r in result.reports] == [[3]] and not result.plan.moves
+    assert "resumed move" in " ".join(result.reports[0].notes)
+    assert {n: sorted(s) for n, s in read_map(config).databases.items() if n != "db2"} == {"db1": [0, 1], "db3": [2, 3]}
+    assert open_moves(config.dsn("db1")) == 0 and leftovers(config.databases) == []
+
+
+def test_a_batch_is_checked_as_a_whole_before_anything_is_journaled(config: Config) -> None:
+    setup_shards(config, rows=10)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("CREATE VIEW public.recent AS SELECT * FROM shard_2.t")
+    with pytest.raises(MoveError, match=r"objects outside the schemas of shards 0-3 on db1 depend on them and cannot move with them: view public.recent"):
+        move_shards(config, BATCH, "db3")
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM pgidgen.moves").fetchone()[0] == 0
+        c.execute("DROP VIEW public.recent")
+        c.execute("CREATE ROLE batch_reader_x")
+        c.execute("GRANT SELECT ON shard_3.tags TO batch_reader_x")
+    try:
+        with pytest.raises(MoveError, match="role batch_reader_x of the schemas of shards 0-3 .* does not exist on db3"):
+            move_shards(config, BATCH, "db3")
+    finally:
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+            c.execute("REVOKE ALL ON shard_3.tags FROM batch_reader_x")
+            c.execute("DROP ROLE batch_reader_x")
+    assert open_moves(config.dsn("db1")) == 0 and leftovers(config.databases) == []
+    assert all(state_of(config.dsn("db1"), s) == ("active", f"shard_{s}") for s in BATCH)
+
+
+def test_a_batch_keeps_each_shards_grants_whatever_the_targets_default_privileges(config: Config) -> None:
+    setup_shards(config, rows=10)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("GRANT SELECT ON shard_1.t TO PUBLIC")
+    with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+        c.execute("ALTER DEFAULT PRIVILEGES GRANT INSERT ON TABLES TO PUBLIC")
+    try:
+        [report] = move_shards(config, BATCH, "db3")
+        assert report.verification is not None and report.verification.ok
+        with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+            def public(table: str) -> list[str]:
+                return [r[0] for r in c.execute(
+                    "SELECT privilege_type FROM pg_class, aclexplode(relacl) WHERE oid = %s::regclass AND grantee = 0 ORDER BY 1", (table,))]
+            assert public("shard_1.t") == ["SELECT"]
+            assert public("shard_2.t") == [] and public("shard_0.tags") == []
+    finally:
+        with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+            c.execute("ALTER DEFAULT PRIVILEGES REVOKE INSERT ON TABLES FROM PUBLIC")
+
+
+def test_a_batch_carries_each_shards_ddl_ledger(config: Config, config_file: Path, tmp_path: Path) -> None:
+    assert all(o.ok for o in init(config, 8, ["db1", "db2"]))
+    schema = tmp_path / "schema.sql"
+    schema.write_text("CREATE TABLE photos (id bigint PRIMARY KEY DEFAULT next_id(), caption text);\n", encoding="utf-8")
+    runner = CliRunner()
+    res = runner.invoke(main, ["--config", str(config_file), "apply-ddl", str(schema)])
+    assert res.exit_code == 0, res.output
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        ledger = c.execute("SELECT shard, position, sha256, applied_at FROM pgidgen.ddl_ledger WHERE shard = ANY(%s) ORDER BY 1, 2", (BATCH,)).fetchall()
+    assert [r[0] for r in ledger] == BATCH
+    [report] = move_shards(config, BATCH, "db3")
+    assert report.verification is not None and report.verification.ok
+    with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+        assert c.execute("SELECT shard, position, sha256, applied_at FROM pgidgen.ddl_ledger ORDER BY 1, 2").fetchall() == ledger
+    res = runner.invoke(main, ["--config", str(config_file), "apply-ddl", str(schema)])
+    assert res.exit_code == 0 and "db3: up to date" in res.output, res.output
+
+
+def test_dry_run_of_a_set_prints_its_batches_and_changes_nothing(config: Config, config_file: Path) -> None:
+    setup_shards(config, rows=10)
+    runner = CliRunner()
+    res = runner.invoke(main, ["--config", str(config_file), "move-shard", "0-3", "db3", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0].startswith("-- 4 shards in 1 batch, each with one slot, publication, subscription, copy and cutover")
+    assert lines[1].startswith("-- shards 0-3 (4): db1 -> db3, estimated write pause ")
+    assert leftovers(config.databases) == [] and replication_objects_made(config.dsn("db1")) == 0
+    res = runner.invoke(main, ["--config", str(config_file), "move-shard", "0-3", "--resume"])
+    assert res.exit_code == 1 and "Error: --resume takes one shard, not 0-3" in res.output, res.output
+    res = runner.invoke(main, ["--config", str(config_file), "move-shard", "2-5", "db3"])
+    assert res.exit_code == 1 and "the shards of one move must be in one database: 2, 3 in db1; 4, 5 in db2" in res.output, res.output
+    assert replication_objects_made(config.dsn("db1")) == 0
