@@ -1,0 +1,197 @@
+"""`pgidgen move-shard` and `pgidgen rebalance`: the commands (pgidgen.move holds the engine)."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from .cli import Bar, get_config, interactive, main
+from .errors import ConfigError, PgidgenError
+from .redact import scrub
+
+
+# -- move-shard ----------------------------------------------------------------------------------------
+
+
+MAX_PAUSE_S = (2**31 - 1) // 1000
+
+
+def _duration(text: str) -> float:
+    """Seconds from '1s', '500ms', '2.5' (seconds)."""
+    from .errors import InputError
+
+    t = text.strip().lower()
+    try:
+        if t.endswith("ms"):
+            value = float(t[:-2]) / 1000
+        elif t.endswith("s"):
+            value = float(t[:-1])
+        else:
+            value = float(t)
+    except ValueError:
+        raise InputError(f"{text!r} is not a duration", hint="write it like 1s, 500ms or 2.5") from None
+    if not value > 0:
+        raise InputError(f"--max-pause must be more than 0, not {text!r}")
+    if value > MAX_PAUSE_S:  # infinity too: the pause is a lock_timeout, at most 2^31 - 1 ms
+        raise InputError(f"--max-pause must be at most {MAX_PAUSE_S}s, not {text!r}", hint="write it like 1s or 500ms")
+    return value
+
+
+class _CopyBar(Bar):
+    """The copy's progress: rows against the source's row count, with bytes and replication lag in the label."""
+
+    def show(self, p: Any) -> None:
+        if not self.enabled:
+            return
+        if self._bar is None and p.rows_total:
+            self.start(p.rows_total)
+        if self._bar is not None:
+            lag = "?" if p.lag_bytes is None else f"{p.lag_bytes / 1e6:.1f} MB"
+            self._bar.label = f"{self.label}: {p.tables_ready}/{p.tables_total} tables, {p.bytes_copied / 1e6:.0f} MB, WAL held {lag}"
+            self._bar.update(p.rows_copied - self._bar.pos)
+
+
+@main.command("move-shard")
+@click.argument("shard", metavar="SHARDS")
+@click.argument("target", required=False, metavar="[TARGET_DB]")
+@click.option("--max-pause", default="1s", show_default=True, metavar="DURATION", help="Longest write pause allowed at the cutover; longer catch-up aborts it.")
+@click.option("--offline", is_flag=True, help="No logical replication: dump and restore under a write lock (writes pause for the whole copy).")
+@click.option("--dry-run", is_flag=True, help="Print the plan (steps, SQL, locks) after the checks, and change nothing.")
+@click.option("--resume", is_flag=True, help="Finish an interrupted move of SHARD from its journal.")
+@click.option("--rollback", is_flag=True, help="Undo an interrupted move of SHARD: the source serves it as before.")
+@click.option("--verify", "verify_only", is_flag=True, help="Compare SHARD with the source copy its last move kept (row counts, checksums).")
+@click.option("--cleanup", is_flag=True, help="Drop the retired read-only source copy of SHARD.")
+@click.option("--drop-source", is_flag=True, help="Drop the source copy right after a verified move.")
+@click.option("--verify-in-pause", is_flag=True, help="Verify before the flip, inside the write pause (the pause then grows with the shard).")
+@click.option("--subscription-dsn", metavar="CONNINFO", help="How the target server reaches the source (default: the source's DSN from the config).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report, no progress bar.")
+@click.pass_context
+def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause: str, offline: bool, dry_run: bool, resume: bool,
+                   rollback: bool, verify_only: bool, cleanup: bool, drop_source: bool, verify_in_pause: bool,
+                   subscription_dsn: str | None, as_json: bool) -> None:
+    """Move logical SHARDS (a number, or a set like 10-19,42) to TARGET_DB online (logical replication), verified
+    and crash-safe. A set moves in batches: one replication stream and one write pause each."""
+    from . import move
+    from .errors import InputError
+    from .ranges import collapse, expand
+
+    config = get_config(ctx)
+    shards = sorted(set(expand(shard)))
+    if not shards:
+        raise InputError(f"{shard!r} names no shard", hint="write shards like 7 or 10-19,42")
+    modes = [n for n, on in (("--resume", resume), ("--rollback", rollback), ("--verify", verify_only), ("--cleanup", cleanup)) if on]
+    if len(modes) > 1:
+        raise ConfigError(f"{' and '.join(modes)} cannot be combined", hint="give one of them")
+    if not modes and target is None:
+        raise ConfigError("TARGET_DB is missing", hint=f"pgidgen move-shard {shard} DB (databases: {', '.join(config.databases)})")
+    if modes and len(shards) > 1:
+        raise InputError(f"{modes[0]} takes one shard, not {collapse(shards)}",
+                         hint="name any one shard of the move (a batch's other shards follow it)" if resume or rollback else "give them one at a time")
+    opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline, drop_source=drop_source, verify_in_pause=verify_in_pause,
+                            subscription_conninfo=subscription_dsn)
+    if dry_run:
+        if modes:
+            raise ConfigError("--dry-run plans a new move", hint=f"drop {modes[0]}")
+        if len(shards) > 1:
+            batches = move.plan_shards(config, shards, target or "", options=opts)
+            click.echo(f"-- {len(shards)} shards in {len(batches)} batch{'es' if len(batches) > 1 else ''}, each with one slot, publication,"
+                       " subscription, copy and cutover (the steps 'pgidgen move-shard N --dry-run' prints, for all its shards at once):")
+            for b in batches:
+                click.echo(f"-- {b.line()}")
+            return
+        for step in move.plan_move(config, shards[0], target or "", options=opts):
+            click.echo(f"-- [{step.name}] on {step.database}: {step.what}")
+            for lock in step.locks:
+                click.echo(f"--   lock: {lock}")
+            if step.sql:
+                click.echo(step.sql.rstrip("\n"))
+        return
+    if verify_only or cleanup:
+        result: Any = move.verify_move(config, shards[0]) if verify_only else move.cleanup(config, shards[0])
+        if as_json:
+            click.echo(json.dumps(result.as_dict(), indent=2))
+        elif cleanup:
+            click.echo(f"dropped {', '.join(result.dropped)}")
+        else:
+            click.echo(f"verified {result.when}: {len(result.tables)} tables")
+            for t in result.tables:
+                click.echo(f"  {t.describe()}")
+        if verify_only and not result.ok:
+            ctx.exit(1)
+        return
+    bar = _CopyBar(interactive(as_json), f"copying shard{'s' if len(shards) > 1 else ''} {collapse(shards)}")
+    try:
+        if rollback:
+            reports = [move.rollback_move(config, shards[0])]
+        elif resume:
+            reports = [move.resume_move(config, shards[0], options=opts, progress=bar.show)]
+        else:
+            reports = move.move_shards(config, shards, target or "", options=opts, progress=bar.show)
+    finally:
+        bar.close()
+    if as_json:
+        click.echo(json.dumps(reports[0].as_dict() if len(reports) == 1 else {"batches": [r.as_dict() for r in reports]}, indent=2))
+    else:
+        click.echo("\n".join(line for r in reports for line in r.lines()))
+    if any(r.verification is not None and not r.verification.ok for r in reports):
+        ctx.exit(1)
+
+
+# -- rebalance -----------------------------------------------------------------------------------------
+
+
+@main.command("rebalance")
+@click.option("--databases", metavar="NAMES", help="Comma-separated databases to spread the shards over (default: all).")
+@click.option("--parallel", type=int, default=2, show_default=True, help="How many moves run at once.")
+@click.option("--max-pause", default="1s", show_default=True, metavar="DURATION", help="Longest write pause of each move's cutover.")
+@click.option("--offline", is_flag=True, help="Move every shard offline (dump and restore under a write lock): for sources without logical replication, or shards with unlogged tables.")
+@click.option("--by", type=click.Choice(["size", "count"]), default="size", show_default=True,
+              help="Even out the bytes on disk (the shards' tables and indexes), or the number of shards.")
+@click.option("--drop-source", is_flag=True, help="Drop each source copy right after its verified move.")
+@click.option("--dry-run", is_flag=True, help="Print the moves that would run, and change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
+@click.pass_context
+def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_pause: str, offline: bool, by: str, drop_source: bool,
+                  dry_run: bool, as_json: bool) -> None:
+    """Move shards so every database holds an even share of bytes (or of shards), several moves at once."""
+    from . import move
+    from .move.rebalance import plan_rebalance, rebalance
+    from .ranges import collapse
+
+    config = get_config(ctx)
+    names = config.select(databases)
+    opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline, drop_source=drop_source)
+    if dry_run:
+        plan = plan_rebalance(config, names, by=by)
+        click.echo(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()))
+        return
+    total = len(plan_rebalance(config, names, by=by).moves)
+    t0, tally = time.monotonic(), {"shards": 0, "bytes": 0}
+
+    def show(r: Any, shards: list[int]) -> None:
+        """A line per batch: what it did, the shards and bytes done so far, and an ETA from the rate so far."""
+        if isinstance(r, PgidgenError):
+            click.echo(f"shards {collapse(shards)}: FAILED: {scrub(r.render())}", err=True)
+            return
+        tally["shards"] += len(shards)
+        tally["bytes"] += r.bytes_copied
+        elapsed = time.monotonic() - t0
+        eta = elapsed / tally["shards"] * max(0, total - tally["shards"]) if total and tally["shards"] else 0.0
+        click.echo(f"shards {collapse(shards)}: {r.source} -> {r.target}: {'resumed, ' if any('resumed' in n for n in r.notes) else ''}done,"
+                   f" pause {r.pause_ms or 0:.0f} ms; {tally['shards']}/{total} shards, {tally['bytes'] / 1e6:.1f} MB"
+                   + (f", ETA {eta:.0f}s" if tally["shards"] < total else ""), err=True)
+
+    result = rebalance(config, names, parallel=parallel, options=opts, by=by, on_batch=None if as_json else show)
+    if not as_json:
+        from .shardmap import read_map
+
+        now = read_map(config)  # as the databases report it: a move that failed past its flip left its shard on the target
+        click.echo("\n".join(result.lines(now.databases, list(now.unreachable), now.bytes) + result.plan.lines()[len(result.plan.before) + len(result.plan.moves):]))
+    else:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+    if not result.ok:
+        done = len(result.plan.moves) - len(result.failures)
+        raise click.ClickException(f"{len(result.failures)} of {len(result.plan.moves)} moves failed"
+                                   + (f"; the other {done} are done (see above)" if done else " (see above)"))

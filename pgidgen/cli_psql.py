@@ -1,0 +1,34 @@
+"""`pgidgen psql DB [ARGS]...`: psql on a database of the config (the psql pgidgen finds: no system PostgreSQL
+needed, e.g. on a sandbox's servers)."""
+from __future__ import annotations
+
+import os
+
+import click
+
+from .cli import get_config, main
+
+
+@main.command("psql", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("database")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def psql_cmd(ctx: click.Context, database: str, args: tuple[str, ...]) -> None:
+    """Run psql on a database of the config, the psql pgidgen finds.
+
+    DATABASE is a name in the config; ARGS go to psql as they are (e.g. -c 'SELECT 1'). The connection string
+    comes from the config, its password from the environment, as for every command."""
+    from .config import ConfigError
+    from .pgbin import newest_client
+
+    config = get_config(ctx)
+    if database not in config.databases:
+        raise ConfigError(f"no database {database!r} in the config", hint=f"use one of {', '.join(config.databases)}")
+    import psycopg.conninfo
+
+    params = psycopg.conninfo.conninfo_to_dict(config.dsn(database))
+    env = dict(os.environ)
+    if params.get("password"):  # through the environment, not the command line (which `ps` shows)
+        env["PGPASSWORD"] = str(params.pop("password"))
+    program = str(newest_client("psql"))
+    os.execve(program, [program, "-X", "-d", psycopg.conninfo.make_conninfo(**params), *args], env)
