@@ -53,7 +53,9 @@ SELECT current_setting('server_version_num')::int, current_user, current_databas
                             AND pg_catalog.pg_has_role(current_user, 'rds_replication', 'MEMBER')),
        pg_catalog.has_database_privilege(current_database(), 'CREATE'),
        pg_catalog.to_regrole('pg_create_subscription') IS NOT NULL
-           AND pg_catalog.pg_has_role(current_user, 'pg_create_subscription', 'MEMBER')
+           AND pg_catalog.pg_has_role(current_user, 'pg_create_subscription', 'USAGE'),
+       coalesce(current_setting('max_active_replication_origins', true), current_setting('max_replication_slots'))::int,
+       (SELECT count(DISTINCT subid) FROM pg_catalog.pg_stat_subscription)::int
 FROM pg_catalog.pg_roles r WHERE r.rolname = current_user
 """
 
@@ -76,6 +78,8 @@ class Facts:
     replication: bool
     create_on_db: bool
     create_subscription: bool
+    max_origins: int  # replication origins a subscription's apply needs one of (max_replication_slots before 18)
+    origins: int
 
     @classmethod
     def read(cls, conn: psycopg.Connection[Any]) -> "Facts":
@@ -125,8 +129,9 @@ class Report:
         return {"ok": self.ok, "findings": [f.as_dict() for f in self.findings], "unreachable": dict(self.unreachable)}
 
 
-def server_findings(name: str, facts: Facts) -> list[Finding]:
-    """Everything about one database that needs no other: version, privileges, replication headroom, pg_dump."""
+def server_findings(name: str, facts: Facts, *, clients: bool = True) -> list[Finding]:
+    """Everything about one database that needs no other: version, privileges, replication headroom, pg_dump
+    (unless not clients)."""
     out: list[Finding] = []
     add = out.append
     v, role = facts.major, facts.role
@@ -139,8 +144,9 @@ def server_findings(name: str, facts: Facts) -> list[Finding]:
     else:
         add(Finding(name, "version", True, f"PostgreSQL {v} (newer than pgidgen was tested on: {supported[-1]})"))
     try:
-        inst = pgbin.clients_for(v)
-        add(Finding(name, "pg_dump", True, f"pg_dump {inst.version} ({inst.source}: {inst.bindir})"))
+        if clients:
+            inst = pgbin.clients_for(v)
+            add(Finding(name, "pg_dump", True, f"pg_dump {inst.version} ({inst.source}: {inst.bindir})"))
     except PgidgenError as e:
         add(Finding(name, "pg_dump", False, e.what, e.hint, stops="move from"))
     if facts.superuser or facts.create_on_db:
@@ -177,6 +183,12 @@ def server_findings(name: str, facts: Facts) -> list[Finding]:
                 None if free_workers >= WORKERS_PER_MOVE else
                 "raise max_logical_replication_workers (and max_worker_processes) and restart, or wait for other moves to finish",
                 stops="move to"))
+    free_origins = facts.max_origins - facts.origins
+    setting = "max_active_replication_origins" if facts.major >= 18 else "max_replication_slots"
+    add(Finding(name, "origins", free_origins >= WORKERS_PER_MOVE,
+                f"{free_origins} of {setting} = {facts.max_origins} free for subscriptions (replication origins)",
+                None if free_origins >= WORKERS_PER_MOVE else
+                f"raise {setting} (restart): a subscription's apply worker needs one, or it never starts", stops="move to"))
     add(_subscription_finding(name, facts))
     return out
 
@@ -190,7 +202,7 @@ def _subscription_finding(name: str, facts: Facts) -> Finding:
         return Finding(name, "subscription", False,
                        f"role {role} is not a superuser: on PostgreSQL {facts.major} only a superuser may CREATE SUBSCRIPTION,"
                        " which an online move into this database needs",
-                       "use a superuser's DSN for this database (Amazon RDS: a member of rds_superuser), upgrade it to 16+"
+                       "use a superuser's DSN for this database, upgrade it to 16+"
                        f" (then GRANT pg_create_subscription TO {role}), or move with --offline", stops="move to")
     missing = [w for w, ok in (("membership of pg_create_subscription", facts.create_subscription),
                                (f"CREATE on database {facts.dbname}", facts.create_on_db)) if not ok]
@@ -203,32 +215,56 @@ def _subscription_finding(name: str, facts: Facts) -> Finding:
 
 def conninfo_for_subscription(dsn: str, source: psycopg.Connection[Any]) -> str:
     """The connection string a target's subscription uses to reach the source: the config's DSN (or
-    --subscription-dsn) with pgidgen's session settings and, when it names none, the password pgidgen itself
-    logged in to the source with (from PGPASSWORD or a passfile): a non-superuser's subscription must carry one."""
+    --subscription-dsn) with pgidgen's session settings, a connect_timeout (a source that never answers must
+    not hang the move), and, when it names neither a password nor a passfile, the password pgidgen itself logged
+    in to the source with (from PGPASSWORD or a passfile): a non-superuser's subscription must carry one."""
     conninfo = session_conninfo(dsn, source.info.server_version)
     params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    extra: dict[str, Any] = {}
+    if not params.get("connect_timeout"):
+        extra["connect_timeout"] = CONNECT_TIMEOUT
     password = source.info.password
-    if not params.get("password") and password:
-        conninfo = psycopg.conninfo.make_conninfo(conninfo, password=password)
+    if not params.get("password") and not params.get("passfile") and password:
+        extra["password"] = password
+    if extra:
+        conninfo = psycopg.conninfo.make_conninfo(conninfo, **extra)
     redact.register(conninfo)
     return conninfo
 
 
-def subscribe_quietly(conn: psycopg.Connection[Any], create: str, *, keep: bool) -> str | None:
+#: seconds a subscription's login to the source may take (probe and move)
+CONNECT_TIMEOUT = 10
+
+
+@dataclass
+class Refusal:
+    """Why PostgreSQL refused a CREATE SUBSCRIPTION: its SQLSTATE and message (one line, scrubbed)."""
+
+    sqlstate: str
+    message: str
+
+
+def subscribe_quietly(conn: psycopg.Connection[Any], create: str, *, keep: bool) -> Refusal | None:
     """Run a CREATE SUBSCRIPTION statement (which holds a password) so that its failure cannot put its text in
     the server's log: a failed statement is logged with its text (log_min_error_statement, which only a superuser
-    may lower), an error caught in PL/pgSQL is not. None when it worked (kept, or undone when not keep), else
-    PostgreSQL's reason, scrubbed. conn must be idle and in autocommit mode."""
+    may lower), an error caught in PL/pgSQL is not (a cancel included: Ctrl-C). None when it worked (kept, or
+    undone when not keep), else PostgreSQL's refusal. conn must be idle. (A server that logs every statement,
+    log_statement = all or log_min_duration_statement = 0, logs this one too: see the guide.)"""
     tag = f"pgidgen_{secrets.token_hex(6)}"
     undo = "" if keep else "RAISE SQLSTATE 'PGIDG' USING MESSAGE = 'pgidgen: undo';"
     body = (f"BEGIN {create.rstrip().rstrip(';')}; {undo}"
-            f" EXCEPTION WHEN OTHERS THEN PERFORM pg_catalog.set_config('pgidgen.subscribe_error',"
-            f" CASE WHEN SQLSTATE = 'PGIDG' THEN '' ELSE SQLERRM END, true); END")
+            f" EXCEPTION WHEN OTHERS OR query_canceled THEN PERFORM pg_catalog.set_config('pgidgen.subscribe_error',"
+            f" CASE WHEN SQLSTATE = 'PGIDG' THEN '' ELSE SQLSTATE || ' ' || SQLERRM END, true); END")
     with conn.transaction():
         conn.execute(f"DO ${tag}$ {body} ${tag}$".encode())
         row = conn.execute("SELECT pg_catalog.current_setting('pgidgen.subscribe_error', true)").fetchone()
     reason = row[0] if row else None
-    return redact.scrub(" ".join(reason.split())) if reason else None  # one line: libpq's messages have newlines
+    if not reason:
+        return None
+    sqlstate, _, message = reason.partition(" ")
+    if sqlstate == "57014":
+        raise KeyboardInterrupt("cancelled while the target's server was connecting to the source; nothing was created")
+    return Refusal(sqlstate, redact.scrub(" ".join(message.split())))  # one line: libpq's messages have newlines
 
 
 #: A setting no server has: the probe's login asks for it, so the source ends the session the moment the login
@@ -237,10 +273,10 @@ def subscribe_quietly(conn: psycopg.Connection[Any], create: str, *, keep: bool)
 PROBE_SETTING = "pgidgen_reach_probe"
 
 
-def probe_subscription(target: psycopg.Connection[Any], conninfo: str) -> str | None:
+def probe_subscription(target: psycopg.Connection[Any], conninfo: str) -> Refusal | None:
     """Can the target's server log in to the source with conninfo, as a subscription would? None when it can,
-    else PostgreSQL's reason. A subscription that connects (and is undone at once), its login ended by the source
-    right after authentication by the setting it asks for (PROBE_SETTING)."""
+    else PostgreSQL's refusal. A subscription that connects (and is undone at once), its login ended by the
+    source right after authentication by the setting it asks for (PROBE_SETTING)."""
     params = psycopg.conninfo.conninfo_to_dict(conninfo)
     options = f"{params.get('options') or ''} -c {PROBE_SETTING}=1".strip()
     probing = psycopg.conninfo.make_conninfo(conninfo, options=options)
@@ -248,30 +284,36 @@ def probe_subscription(target: psycopg.Connection[Any], conninfo: str) -> str | 
         "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION pgidgen_check"
         " WITH (connect = true, create_slot = false, enabled = false, slot_name = NONE, copy_data = false)"
     ).format(sql.Identifier(f"pgidgen_check_{secrets.token_hex(4)}"), sql.Literal(probing)).as_string(target)
-    reason = subscribe_quietly(target, create, keep=False)
-    if reason is not None and f'"{PROBE_SETTING}"' in reason:
-        return None  # logged in: then the source refused the setting, as asked
-    if reason is None:
-        return "it logged in without being refused the setting it was given; report this to pgidgen"
-    return re.sub(r'^subscription "pgidgen_check_\w+" ', "", reason)
+    refusal = subscribe_quietly(target, create, keep=False)
+    if refusal is None:
+        return Refusal("XX000", "it logged in without being refused the setting it was given; report this to pgidgen")
+    if PROBE_SETTING in refusal.message:  # logged in, then refused the setting as asked (quoted as its language quotes)
+        return None
+    refusal.message = re.sub(r'^subscription "pgidgen_check_\w+" ', "", refusal.message)
+    return refusal
 
 
-def unasked_password(source: psycopg.Connection[Any], target_facts: Facts) -> str | None:
+def unasked_password(source: psycopg.Connection[Any], target_facts: Facts) -> Refusal | None:
     """A non-superuser's subscription must log in with a password the source asked for (PostgreSQL's
     password_required): when the source let pgidgen's own login in without asking (trust, peer), it would refuse
-    the subscription's the same way, after the move had started."""
+    the subscription's the same way, after the move had started. (Only for the config's own DSN: a
+    --subscription-dsn may take another way in.)"""
     if target_facts.superuser or source.pgconn.used_password:
         return None
-    return (f"the source lets role {source.info.user} in without asking for a password (pg_hba.conf: trust or peer), and a"
-            f" subscription owned by {target_facts.role}, no superuser, must log in with one; give the role a password and"
-            " make pg_hba.conf ask for it (scram-sha-256)")
+    return Refusal("28000", f"the source lets role {source.info.user} in without asking for a password (pg_hba.conf: trust or peer),"
+                   f" and a subscription owned by {target_facts.role}, no superuser, must log in with one; give the role a"
+                   " password and make pg_hba.conf ask for it (scram-sha-256)")
 
 
-def reach_finding(target_name: str, source_name: str, reason: str | None) -> Finding:
+def reach_finding(target_name: str, source_name: str, refusal: Refusal | None) -> Finding:
     item = f"reach {source_name}"
-    if reason is None:
+    if refusal is None:
         return Finding(target_name, item, True, f"the server logs in to {source_name} as a subscription would")
-    return Finding(target_name, item, False, f"the server cannot log in to {source_name} as a subscription: {reason}",
+    if refusal.sqlstate == "42501":  # the target refused the role the subscription itself (an inherited privilege)
+        return Finding(target_name, "subscription", False, f"the server refused the role a subscription: {refusal.message}",
+                       "GRANT pg_create_subscription (with INHERIT, on 16+) and CREATE on the database to the role,"
+                       " use a superuser's DSN for this database, or move with --offline", stops="move to")
+    return Finding(target_name, item, False, f"the server cannot log in to {source_name} as a subscription: {refusal.message}",
                    f"the target server itself must reach {source_name} with the config's connection string (a host it can"
                    " resolve, pg_hba.conf on the source allowing it with a password); or pass --subscription-dsn to move-shard",
                    stops="move to")
@@ -312,9 +354,9 @@ def check(config: Any, databases: Sequence[str] | None = None, *, reach: bool = 
 
 def failures_for_move(source: str, source_facts: Facts, target: str, target_facts: Facts) -> Iterable[Finding]:
     """The failed findings that stop an online move from source to target, source's first."""
-    for f in server_findings(source, source_facts):
-        if not f.ok and f.stops in ("all", "move from"):
+    for f in server_findings(source, source_facts):  # (its pg_dump: checked by the move before, as for --offline)
+        if not f.ok and f.stops in ("all", "move from") and f.item != "pg_dump":
             yield f
-    for f in server_findings(target, target_facts):
+    for f in server_findings(target, target_facts, clients=False):
         if not f.ok and f.stops in ("all", "move to"):
             yield f

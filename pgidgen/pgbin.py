@@ -106,14 +106,20 @@ def _system_bindirs() -> list[Path]:
             dirs.append(real.parent)
     pg_config = shutil.which("pg_config")
     if pg_config:
-        try:
-            out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, timeout=20).stdout.strip()
-            if out:
-                dirs.append(Path(out))
-        except (OSError, subprocess.SubprocessError):
-            pass
+        out = _pg_config_bindir(pg_config)
+        if out:
+            dirs.append(Path(out))
     dirs += sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: _key(p.parent.name), reverse=True)
     return dirs
+
+
+@functools.lru_cache(maxsize=8)
+def _pg_config_bindir(pg_config: str) -> str | None:
+    """`pg_config --bindir`, asked once per process (every move looks for its pg_dump: ~7 ms a time)."""
+    try:
+        return subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, timeout=20).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _cached_bindirs() -> list[Path]:

@@ -48,4 +48,4 @@ def drop(server: sandbox.Server, dbname: str) -> None:
 def names() -> tuple[str, str, str]:
     """A fresh (role, password, database) triple."""
     tag = uuid.uuid4().hex[:10]
-    return f"app_{tag}", f"pw-{uuid.uuid4().hex}", f"t_{tag}"
+    return f"app_{tag}", f"pw'q\\$x$ $t$;-{uuid.uuid4().hex}", f"t_{tag}"  # quotes, a backslash, dollars

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import psycopg
+import psycopg.conninfo
 import pytest
 from click.testing import CliRunner, Result
 from movekit import Writer, leftovers
 from privkit import Grant, drop, least_privileged, names
 
 from conftest import TestServer, fresh_database
-from pgidgen import sandbox
+from pgidgen import pgbin, sandbox
 from pgidgen.cli import main
 from pgidgen.config import write_config
 from pgidgen.layout import Layout
@@ -167,12 +168,14 @@ def test_check_names_a_role_without_replication(pg_servers: list[TestServer], tm
 
 @pytest.fixture(scope="module")
 def replica_server() -> Iterator[sandbox.Server]:
-    """A server with wal_level = replica and its only replication slot taken (a physical one)."""
+    """A server with wal_level = replica, no replication slot and no replication origin for subscriptions
+    (max_replication_slots = 0; on 18 also max_active_replication_origins = 0)."""
     root = sandbox.make_root()
-    server = sandbox.create_server(root, "walreplica", settings={"wal_level": "replica", "max_replication_slots": "1"})
+    settings = {"wal_level": "replica", "max_replication_slots": "0"}
+    if pgbin.server().major >= 18:
+        settings["max_active_replication_origins"] = "0"
+    server = sandbox.create_server(root, "walreplica", settings=settings)
     try:
-        with psycopg.connect(server.dsn, autocommit=True) as c:
-            c.execute("SELECT pg_create_physical_replication_slot('standby_1')")
         yield server
     finally:
         sandbox.destroy([server], root)
@@ -193,11 +196,12 @@ def test_check_names_wal_level_and_no_free_slot(replica_server: sandbox.Server, 
         r = cli("check")
         assert r.exit_code == 1
         assert "db1: FAIL wal_level: wal_level = replica, an online move out of it needs logical: set wal_level = logical and restart" in r.output, r.output
-        assert "db1: FAIL slots: 0 of max_replication_slots = 1 free: raise max_replication_slots" in r.output, r.output
+        assert "db1: FAIL slots: 0 of max_replication_slots = 0 free: raise max_replication_slots" in r.output, r.output
+        assert "db1: FAIL origins: 0 of max_" in r.output and "a subscription's apply worker needs one" in r.output, r.output
         assert "db2: ok wal_level: logical" in r.output
         r = cli("check", "--json")
         failed = {(f["database"], f["item"]) for f in __import__("json").loads(r.output)["findings"] if not f["ok"]}
-        assert failed == {("db1", "wal_level"), ("db1", "slots")}, r.output
+        assert failed == {("db1", "wal_level"), ("db1", "slots"), ("db1", "origins")}, r.output
         for args in (["move-shard", "1", "db2"], ["rebalance"]):  # rebalance: once for the pair, before any move
             r = cli(*args)
             assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
@@ -240,6 +244,27 @@ def test_check_names_a_target_that_cannot_reach_the_source(pg_servers: list[Test
     finally:
         a.close()
         o.close()
+
+
+@pytest.mark.sensitive
+def test_a_subscription_login_that_fails_is_refused_and_logs_no_password(owner: Owner, tmp_path: Path) -> None:
+    """The probe's login fails at the source (a wrong password in --subscription-dsn, with quotes, a backslash and
+    dollar signs in it): refused before journaling, and neither password is in either server's log."""
+    o = owner
+    if o.major("db2") < 16:
+        pytest.skip("on 15 only a superuser may subscribe: the role never gets to try a login")
+    assert o.cli("init", "--shards", "4", "--databases", "db1").exit_code == 0
+    wrong = "no'pe\\$x$ $pgidgen_00$ ;"
+    params = psycopg.conninfo.conninfo_to_dict(o.dsns["db1"])
+    dsn = psycopg.conninfo.make_conninfo(**params, password=wrong)
+    r = o.cli("move-shard", "1", "db2", "--subscription-dsn", dsn)
+    assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+    assert "the server cannot log in to db1 as a subscription" in r.output and "password authentication failed" in r.output, r.output
+    assert wrong not in r.output
+    assert o.moves() == [] and leftovers(o.dsns) == []
+    for s in o.servers:
+        assert wrong not in Path(s.logfile).read_text(errors="replace"), f"{s.name}'s server log"
+    o.assert_password_nowhere()
 
 
 # -- across majors, as the least-privileged role -------------------------------------------------------

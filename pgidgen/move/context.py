@@ -280,22 +280,24 @@ def check_tables(ctx: ShardContext, *, online: bool) -> None:
             )
 
 
-def check_servers(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], *, conninfo: str | None = None) -> None:
+def check_servers(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], *, conninfo: str | None = None,
+                  custom: bool = False) -> None:
     """What an online move needs of both servers and of the roles pgidgen uses on them: check_pair."""
-    check_pair(ctx.source, ctx.target, src, tgt, conninfo=conninfo)
+    check_pair(ctx.source, ctx.target, src, tgt, conninfo=conninfo, custom=custom)
 
 
-def check_pair(source: str, target: str, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], *, conninfo: str | None = None) -> None:
+def check_pair(source: str, target: str, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], *, conninfo: str | None = None,
+               custom: bool = False) -> None:
     """pgidgen.check's findings that stop an online move from source to target (the same `pgidgen check` prints),
     the first as a MoveError with what to change; with conninfo (what the subscription will use), whether the
-    target's server can log in to the source with it."""
+    target's server can log in to the source with it (custom: it is --subscription-dsn, not the config's DSN)."""
     from ..check import Facts, failures_for_move, probe_subscription, reach_finding, unasked_password
 
     source_facts, target_facts = Facts.read(src), Facts.read(tgt)
     for f in failures_for_move(source, source_facts, target, target_facts):
         raise MoveError(f.text, where=f.database, hint=f.fix)
     if conninfo is not None:
-        reason = unasked_password(src, target_facts) or probe_subscription(tgt, conninfo)
+        reason = (None if custom else unasked_password(src, target_facts)) or probe_subscription(tgt, conninfo)
         if reason is not None:
             f = reach_finding(target, source, reason)
             raise MoveError(f.text, where=f.database, hint=f.fix)
@@ -320,7 +322,7 @@ def preflight(config: Config, pairs: Iterable[tuple[str, str]], *, online: bool 
                 raise MoveError(e.what, where=name, hint=e.hint) from None
         if online:
             for source, target in pairs:
-                check_pair(source, target, conns[source], conns[target],
+                check_pair(source, target, conns[source], conns[target], custom=conninfo is not None,
                            conninfo=conninfo_for_subscription(conninfo or config.dsn(source), conns[source]))
     finally:
         for c in conns.values():

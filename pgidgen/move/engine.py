@@ -161,7 +161,8 @@ def _move_batch(
                 check_restorable(c, config.dsn(ctx.source), admin, tgt)
         else:  # the batch's one dump holds every schema: one trial restore
             check_restorable(ctx, config.dsn(ctx.source), admin, tgt, schema_dump=early)
-            check_servers(ctx, admin, tgt, conninfo=conninfo_for_subscription(opts.subscription_conninfo or config.dsn(ctx.source), admin))
+            check_servers(ctx, admin, tgt, conninfo=conninfo_for_subscription(opts.subscription_conninfo or config.dsn(ctx.source), admin),
+                          custom=opts.subscription_conninfo is not None)
         token = f"{shards[0]}_{secrets.token_hex(4)}"
         detail: dict[str, Any] = {"max_pause_ms": int(opts.max_pause * 1000)}
         if opts.origin != "move-shard":

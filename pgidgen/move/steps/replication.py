@@ -31,7 +31,7 @@ class ReplicationSteps(MoverBase):
             failed = subscribe_quietly(self.tgt, q.subscription_sql(self.names, conninfo), keep=True)
             if failed is not None:
                 raise MoveError(
-                    f"database {self.ctx.target} could not subscribe to {self.ctx.source}: {failed}",
+                    f"database {self.ctx.target} could not subscribe to {self.ctx.source}: {failed.message}",
                     hint=f"the target server itself must reach the source with the connection string in the config (with the password pgidgen logged in with; 'pgidgen check' tests it);"
                          f" then 'pgidgen move-shard {self.ctx.shard} --resume' (with --subscription-dsn DSN if it needs another one), or '--rollback'",
                 )
