@@ -78,8 +78,10 @@ def read_state(conn: psycopg.Connection[Any], *, schemas: bool = True, shard: in
         assert rev is not None
         st.catalog_revision = int(rev[0])
         if rev[1]:
-            st.open_moves = {int(r[0]): (str(r[1]), str(r[2]), str(r[3])) for r in conn.execute(
-                "SELECT shard, source, target, step FROM pgidgen.moves WHERE status IN ('running', 'failed')")}
+            st.open_moves = {int(r[0]): (str(r[1]), str(r[2]), str(r[3])) for r in conn.execute(  # a batch: each of its shards
+                "SELECT coalesce(b.shard::int, m.shard), m.source, m.target, m.step FROM pgidgen.moves m"
+                " LEFT JOIN LATERAL pg_catalog.jsonb_array_elements_text(m.detail -> 'shards') AS b (shard) ON true"
+                " WHERE m.status IN ('running', 'failed')")}
     for (name, complete, cached) in conn.execute(
         """
         SELECT n.nspname,

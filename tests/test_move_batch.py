@@ -122,6 +122,8 @@ def test_kill9_of_a_batch_while_frozen_then_resume_by_another_of_its_shards(conf
     finally:
         if proc.poll() is None:
             proc.kill()
+    moving = read_map(config).as_dict()["moving"]
+    assert [(m["shard"], m["from"], m["to"]) for m in moving] == [(s, "db1", "db3") for s in BATCH]  # map names every shard of the batch
     r = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "2", "--resume"])
     assert r.exit_code == 0, r.output
     assert "moved shards 0-3 from db1 to db3" in r.output

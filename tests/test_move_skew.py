@@ -13,7 +13,7 @@ from moveshards import setup_shards
 
 from pgidgen import sandbox
 from pgidgen.config import Config
-from pgidgen.move import move_shard
+from pgidgen.move import move_shard, move_shards
 
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
@@ -71,4 +71,32 @@ def test_move_to_a_server_10s_behind(config: Config, behind_dsn: str) -> None:
         new_id, new_time = c.execute("SELECT i, pgidgen.id_time(i) FROM (SELECT shard_2.next_id() AS i) x").fetchone()
     assert new_id > last2
     assert new_time.timestamp() * 1000 >= before_ms - 50
+    assert leftovers(cfg.databases) == []
+
+
+def test_a_batch_to_a_server_10s_behind_carries_every_shards_generator(config: Config, behind_dsn: str) -> None:
+    """The slow-clock rule for each shard of a batch: the written one and the idle ones alike."""
+    dbname = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(behind_dsn, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{dbname}"')
+    behind = behind_dsn.rsplit("/", 1)[0] + "/" + dbname
+    cfg = Config(layout=config.layout, databases={**config.databases, "behind": behind})
+    setup_shards(cfg, rows=20)
+    with psycopg.connect(cfg.dsn("db1"), autocommit=True) as c:
+        last = {s: c.execute("SELECT pgidgen.last_id(%s)", (s,)).fetchone()[0] for s in range(4)}
+    writer = Writer(cfg.databases, 1)
+    writer.start()
+    time.sleep(0.3)
+    before_ms = time.time() * 1000
+    [report] = move_shards(cfg, [0, 1, 2, 3], "behind")
+    time.sleep(0.3)
+    writer.stop()
+    assert report.shards == [0, 1, 2, 3] and report.verification is not None and report.verification.ok
+    assert report.skew_ms is not None and -11000 < report.skew_ms < -9000
+    ids = writer.ids
+    assert ids and len(set(ids)) == len(ids) and ids == sorted(ids), "IDs keep increasing across the batch's move to a slower clock"
+    with psycopg.connect(behind, autocommit=True) as c:
+        for s in (0, 2, 3):  # idle: their first new ID is past their last and not older than the move on the source's clock
+            new_id, new_time = c.execute(f"SELECT i, pgidgen.id_time(i) FROM (SELECT shard_{s}.next_id() AS i) x").fetchone()
+            assert new_id > last[s] and new_time.timestamp() * 1000 >= before_ms - 50, s
     assert leftovers(cfg.databases) == []

@@ -118,8 +118,8 @@ def plan_batches(config: Config, ctxs: list[ShardContext], options: MoveOptions)
 
 class Pacer:
     """Cuts batches and corrects its estimate by the pauses it is told of: the next batches are cut with the
-    estimate scaled by measured / estimated, at most a fifth smaller at a time (a batch grows slowly: an
-    estimate too low overshoots the pause) and at most four times larger."""
+    estimate scaled by measured / estimated, at most halved at a time (a batch at most doubles: an estimate
+    too low overshoots the pause) and at most four times larger."""
 
     def __init__(self, max_pause: float | None, lock_budget: int) -> None:
         self.max_pause = max_pause
@@ -138,7 +138,7 @@ class Pacer:
         work = estimate_pause(batch.costs, scale=self.scale) - PAUSE_BASE_S
         if work <= 0:
             return False
-        ratio = min(4.0, max(0.8, (pause_s - PAUSE_BASE_S) / work))  # grow slowly, shrink at once
+        ratio = min(4.0, max(0.5, (pause_s - PAUSE_BASE_S) / work))  # at most double, shrink at once
         if 0.9 <= ratio <= 1.1:
             return False
         self.scale *= ratio

@@ -35,6 +35,10 @@ def schema_items_many(conn: psycopg.Connection[Any], schemas: list[str]) -> dict
     return out
 
 
+#: What locking one table takes in the freeze when nothing holds it (LOCK_WAIT_RECHECK is for the whole freeze).
+LOCK_PER_TABLE_S = 0.0002
+
+
 class CutoverSteps(MoverBase):
     def step_cutover(self) -> None:
         if self._source_retired():
@@ -133,8 +137,10 @@ class CutoverSteps(MoverBase):
                 whose = "the shard's tables" if len(self.ctxs) == 1 else f"the tables of {self.what}"
                 raise CutoverAborted(f"{whose} could not be locked within --max-pause {budget * 1000:.0f} ms (long transactions on them?)") from None
             t_frozen = time.perf_counter()
-            waited = t_frozen - t_start > LOCK_WAIT_RECHECK
+            # locking a batch's tables takes some 0.1 ms each: longer, and the freeze waited for a lock
+            waited = t_frozen - t_start > LOCK_WAIT_RECHECK + LOCK_PER_TABLE_S * sum(len(g) for g in guarded.values())
             mine_all = self._tables_as_they_stand(src, schemas, prepare=not self.opts.offline)
+            again: dict[str, set[str]] | None = None
             for c in self.ctxs:
                 mine, schema = mine_all.get(c.schema, {}), c.schema
                 now = set(mine)
@@ -148,7 +154,8 @@ class CutoverSteps(MoverBase):
                 if not changed and waited and not self.opts.offline:
                     # the locks were waited for: DDL that held one (CREATE INDEX, ALTER TABLE, CREATE POLICY, ...) may
                     # have committed meanwhile, after the check made before the pause
-                    changed = self._changed_objects(schema_items(src, schema), their_items[schema])
+                    again = again if again is not None else schema_items_many(src, schemas)
+                    changed = self._changed_objects(again[schema], their_items[schema])
                 if changed:
                     src.rollback()
                     raise MoveError(
