@@ -303,3 +303,34 @@ def test_least_privileged_moves_16_to_18_and_back(owner_16_18: Owner, tmp_path: 
     _assert_moved(o, r, writer, 2, before, "db1")
     assert leftovers(o.dsns) == []
     o.assert_password_nowhere()
+
+
+def test_rebalance_checks_room_for_the_moves_it_runs_at_once(pg_servers: list[TestServer], tmp_path: Path) -> None:
+    """One free replication slot on the source, two targets, --parallel 2: refused before any move is journaled,
+    with the --parallel that fits; --parallel 1 then moves."""
+    root = sandbox.make_root()
+    server = sandbox.create_server(root, "oneslot", settings={"max_replication_slots": "1"})
+    a = fresh_database(TestServer("db1", server.dsn, server))
+    b, c = fresh_database(pg_servers[1]), fresh_database(pg_servers[2])
+    try:
+        dsns = {"db1": next(a), "db2": next(b), "db3": next(c)}
+        path = tmp_path / "pgidgen.toml"
+        write_config(path, Layout.make(), dsns)
+
+        def cli(*args: str) -> Result:
+            return CliRunner().invoke(main, ["--config", str(path), *args])
+
+        assert cli("init", "--shards", "6", "--databases", "db1").exit_code == 0
+        r = cli("rebalance", "--parallel", "2", "--by", "count")
+        assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+        assert "database db1 has room for 1 of the 2 moves out of it that --parallel runs at once" in r.output, r.output
+        assert "run with --parallel 1" in r.output
+        with psycopg.connect(dsns["db1"]) as conn:
+            assert conn.execute("SELECT count(*) FROM pgidgen.moves").fetchone()[0] == 0, "nothing journaled"
+        r = cli("rebalance", "--parallel", "1", "--by", "count")
+        assert r.exit_code == 0, r.output
+        assert leftovers(dsns) == []
+    finally:
+        for gen in (a, b, c):
+            gen.close()
+        sandbox.destroy([server], root)

@@ -303,9 +303,12 @@ def check_pair(source: str, target: str, src: psycopg.Connection[Any], tgt: psyc
             raise MoveError(f.text, where=f.database, hint=f.fix)
 
 
-def preflight(config: Config, pairs: Iterable[tuple[str, str]], *, online: bool = True, conninfo: str | None = None) -> None:
+def preflight(config: Config, pairs: Iterable[tuple[str, str]], *, online: bool = True, conninfo: str | None = None,
+              at_once: Iterable[tuple[str, str]] = ()) -> None:
     """The checks of check_servers (and the pg_dump check), once for every (source, target) pair of a rebalance,
-    before any move is journaled: a problem that would fail every move of a pair stops them all up front."""
+    before any move is journaled: a problem that would fail every move of a pair stops them all up front.
+    at_once: the (source, target) of each move that may run at the same time (--parallel): together they need a
+    slot and two WAL senders each on their source, a worker and a replication origin each on their target."""
     from .. import pgbin
     from ..check import conninfo_for_subscription
     from ..versions import major
@@ -324,9 +327,39 @@ def preflight(config: Config, pairs: Iterable[tuple[str, str]], *, online: bool 
             for source, target in pairs:
                 check_pair(source, target, conns[source], conns[target], custom=conninfo is not None,
                            conninfo=conninfo_for_subscription(conninfo or config.dsn(source), conns[source]))
+            check_room(conns, list(at_once))
     finally:
         for c in conns.values():
             c.close()
+
+
+def check_room(conns: dict[str, psycopg.Connection[Any]], at_once: list[tuple[str, str]]) -> None:
+    """Room on each server for the moves that run at the same time (check_pair made sure of one each)."""
+    from ..check import SENDERS_PER_MOVE, Facts
+
+    if not at_once:
+        return
+    out: dict[str, int] = {}
+    into: dict[str, int] = {}
+    for source, target in at_once:
+        out[source] = out.get(source, 0) + 1
+        into[target] = into.get(target, 0) + 1
+    for name, n in sorted(out.items()):
+        f = Facts.read(conns[name])
+        room = min(f.max_slots - f.slots, (f.max_senders - f.senders) // SENDERS_PER_MOVE)
+        if room < n:
+            raise MoveError(f"database {name} has room for {room} of the {n} moves out of it that --parallel runs at once"
+                            f" ({f.max_slots - f.slots} free replication slots, {f.max_senders - f.senders} free WAL senders)",
+                            hint=f"run with --parallel {max(1, room)}, or raise max_replication_slots and max_wal_senders (restart)")
+    for name, n in sorted(into.items()):
+        f = Facts.read(conns[name])
+        room = min(f.max_workers - f.workers, f.max_origins - f.origins)
+        if room < n:
+            raise MoveError(f"database {name} has room for {room} of the {n} moves into it that --parallel runs at once"
+                            f" ({f.max_workers - f.workers} free logical replication workers, {f.max_origins - f.origins} free"
+                            " replication origins)",
+                            hint=f"run with --parallel {max(1, room)}, or raise max_logical_replication_workers (and"
+                                 " max_worker_processes; on 18 max_active_replication_origins) and restart")
 
 
 #: Every role the shard's schema refers to: owners of the schema and its objects (relations, functions, types,

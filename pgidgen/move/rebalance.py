@@ -215,8 +215,11 @@ def rebalance(
     if not plan.moves:
         return result
     layout_state, _ = read_states(config, need=tuple({m.source for m in plan.moves} | {m.target for m in plan.moves}))
+    units = work_units(plan.moves, parallel)
+    sources = {m.shard: m.source for m in plan.moves}
+    at_once = [(sources[shards[0]], target) for target, shards in units][:parallel]
     preflight(config, [(m.source, m.target) for m in plan.moves], online=not (options and options.offline),
-              conninfo=options.subscription_conninfo if options else None)
+              conninfo=options.subscription_conninfo if options else None, at_once=at_once)
     # catalogs first, one database at a time: concurrent first-time installs would collide
     any_state = next(st for st in layout_state.values() if st.layout is not None)
     for name in sorted({m.source for m in plan.moves} | {m.target for m in plan.moves}):
@@ -261,7 +264,7 @@ def rebalance(
 
     pool = ThreadPoolExecutor(max_workers=parallel)
     try:
-        list(pool.map(run, work_units(plan.moves, parallel)))
+        list(pool.map(run, units))
     except KeyboardInterrupt:
         stop.set()  # the batches in flight finish (or fail and stay resumable); no other starts
         pool.shutdown(wait=True)
