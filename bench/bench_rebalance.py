@@ -32,13 +32,15 @@ from pgidgen import sandbox  # noqa: E402
 from pgidgen.config import Config  # noqa: E402
 from pgidgen.init import init  # noqa: E402
 from pgidgen.layout import Layout  # noqa: E402
-from pgidgen.move import move_shard  # noqa: E402
+from pgidgen.move import move_shard, move_shards  # noqa: E402
 from pgidgen.move.rebalance import plan_rebalance, rebalance  # noqa: E402
 
 MAJORS = [int(v) for v in os.environ.get("BENCH_REBALANCE_MAJORS", "15 18").split()]
 SHARDS = int(os.environ.get("BENCH_REBALANCE_SHARDS", "2000"))
 TARGETS = [int(v) for v in os.environ.get("BENCH_REBALANCE_DATABASES", "2").split()]
 SINGLE = int(os.environ.get("BENCH_REBALANCE_SINGLE", "20"))
+#: rows of the one big shard in the mixed batch (0: no mixed batch)
+MIXED_ROWS = int(os.environ.get("BENCH_REBALANCE_MIXED_ROWS", "100000"))
 
 
 def build(major: int, databases: int) -> tuple[list[sandbox.Server], Path, Config]:
@@ -72,8 +74,42 @@ def one_at_a_time(config: Config, target: str) -> float:
     return SINGLE / (time.perf_counter() - t0)
 
 
+def mixed(major: int) -> None:
+    """A set of 64 small shards with one of MIXED_ROWS rows among them, moved as one move-shard (its batches), a
+    writer on the big shard and one on a small one: the pauses the batches report and the writers' longest gaps."""
+    section(f"PostgreSQL {major}: 64 small shards and one of {MIXED_ROWS:,} rows in one move-shard, under writers")
+    root = sandbox.make_root()
+    servers = [sandbox.create_server(root, f"db{i + 1}", major=major) for i in range(2)]
+    try:
+        config = Config(layout=Layout.make(), databases={s.name: s.dsn for s in servers})
+        assert all(o.ok for o in init(config, 64, ["db1"]))
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+            for s in range(64):
+                rows = MIXED_ROWS if s == 7 else 20 + s * 37 % 81
+                c.execute(f"CREATE TABLE shard_{s}.t (id bigint PRIMARY KEY DEFAULT shard_{s}.next_id(), v int, note text);"
+                          f" INSERT INTO shard_{s}.t (v, note) SELECT g, md5(g::text) FROM generate_series(1, {rows}) g")
+            c.execute("VACUUM ANALYZE")
+        writers = [WriterProcess(config.databases, s) for s in (7, 40)]
+        time.sleep(0.5)
+        t0 = time.perf_counter()
+        reports = move_shards(config, list(range(64)), "db2")
+        seconds = time.perf_counter() - t0
+        time.sleep(0.3)
+        seen = [w.stop() for w in writers]
+        for w in seen:
+            assert len(w.ids) == len(set(w.ids)) and w.ids == sorted(w.ids), "a writer saw an ID twice or out of order"
+        big = next(r for r in reports if 7 in r.shards)
+        print(f"  {len(reports)} batches in {seconds:.1f} s; pauses (ms): " + ", ".join(f"{r.pause_ms or 0:.0f}" for r in reports), flush=True)
+        print(f"  the big shard's batch: {len(big.shards)} shards, pause {big.pause_ms or 0:.0f} ms", flush=True)
+        print("  writers' longest gaps (ms): " + ", ".join(f"shard {s} {max(w.gaps, default=0) * 1000:.0f}" for s, w in zip((7, 40), seen)), flush=True)
+    finally:
+        sandbox.destroy(servers, root)
+
+
 def run() -> None:
     for major in MAJORS:
+        if MIXED_ROWS:
+            mixed(major)
         for databases in TARGETS:
             section(f"PostgreSQL {major}: {SHARDS} shards, 1 -> {databases} databases")
             servers, root, config = build(major, databases)
