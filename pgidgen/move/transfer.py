@@ -192,7 +192,10 @@ class _Proc:
         self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout, self.out, self.err):
             if f is not None:
-                f.close()
+                try:
+                    f.close()
+                except BrokenPipeError:  # the stdin's buffer, flushed into a process just killed: nothing to keep
+                    pass
 
 
 class SchemaDump:
