@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
-import time
 from typing import Any
 
 import django
@@ -30,6 +28,7 @@ django.setup()
 
 from django.db import connections, models  # noqa: E402 - after settings
 
+from movekit import writes_around  # noqa: E402 - beside this file
 from pgidgen.errors import RoutingError  # noqa: E402
 from pgidgen.integrations.django import ShardRouter, get_router, run_on_shard, shard_atomic  # noqa: E402
 
@@ -83,32 +82,15 @@ def checks() -> None:
 
 def main() -> None:
     checks()
-    ids: list[int] = []
-    errors: list[str] = []
-    stop = threading.Event()
 
-    def writer() -> None:
-        n = 0
-        while not stop.is_set():
-            try:
-                ids.append(run_on_shard(SHARD, lambda: Row.objects.create(v=n).id))
-            except BaseException as e:  # noqa: BLE001 - every exception the application would see
-                errors.append(f"{type(e).__name__}: {e}")
-            n += 1
-        connections.close_all()
+    def moved_meanwhile() -> None:  # the test moves the shard between "ready" and the line it sends back
+        print("ready", flush=True)
+        sys.stdin.readline()
 
-    th = threading.Thread(target=writer, daemon=True)
-    th.start()
-    while len(ids) < 50 and th.is_alive():
-        time.sleep(0.01)
-    print("ready", flush=True)
-    sys.stdin.readline()
-    n_at = len(ids)
-    while len(ids) < n_at + 50 and th.is_alive():
-        time.sleep(0.01)
-    stop.set()
-    th.join(30)
-    result: dict[str, Any] = {"ids": ids, "errors": errors, "database": get_router().database_for(SHARD)}
+    ids, errors, _ = writes_around(lambda n: run_on_shard(SHARD, lambda: Row.objects.create(v=n).id), moved_meanwhile,
+                                   finish=connections.close_all)
+    result: dict[str, Any] = {"ids": ids, "errors": [f"{type(e).__name__}: {e}" for e in errors],
+                              "database": get_router().database_for(SHARD)}
     get_router().close()
     print(json.dumps(result), flush=True)
 

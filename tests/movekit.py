@@ -4,9 +4,48 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import psycopg
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def writes_around(write: Callable[[int], T], between: Callable[[], R], *, before: int = 50, after: int = 50,
+                  finish: Callable[[], object] | None = None) -> tuple[list[T], list[BaseException], R]:
+    """write(n), n = 0, 1, ..., in a loop in a thread, as an application would: `before` acknowledged writes, then
+    between() (a move) on the calling thread, then `after` more. The writes acknowledged, every exception the loop
+    saw (what would reach the application), and between()'s result; finish() runs in the thread at its end."""
+    ids: list[T] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                ids.append(write(n))
+            except BaseException as e:  # noqa: BLE001 - every exception the application would see
+                errors.append(e)
+            n += 1
+        if finish is not None:
+            finish()
+
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    try:
+        while len(ids) < before and th.is_alive():
+            time.sleep(0.01)
+        result = between()
+        n_at = len(ids)
+        while len(ids) < n_at + after and th.is_alive():
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        th.join(30)
+    return ids, errors, result
 
 
 class Writer(threading.Thread):

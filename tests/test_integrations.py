@@ -6,8 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,6 +17,7 @@ from pgidgen.config import Config, load_config
 from pgidgen.init import init
 from pgidgen.move import move_shard
 
+from movekit import writes_around
 from moveshards import quick_subscription_start  # noqa: F401 - a fixture: moves on PostgreSQL 15
 from test_routing_pooler import app_config, bouncer_root  # noqa: F401 - bouncer_root is a fixture
 
@@ -135,32 +134,8 @@ def test_sqlalchemy_session_routes_by_id_and_shard(sharded: Config) -> None:
 def writes_during_a_move(config: Config, write: Callable[[int], int]) -> tuple[list[int], list[str]]:
     """write(n) in a loop in a thread, 50 writes before move-shard moves SHARD to db3 and 50 after it finished;
     the IDs written and every exception the loop saw."""
-    ids: list[int] = []
-    errors: list[str] = []
-    stop = threading.Event()
-
-    def loop() -> None:
-        n = 0
-        while not stop.is_set():
-            try:
-                ids.append(write(n))
-            except BaseException as e:  # noqa: BLE001 - every exception the application would see
-                errors.append(f"{type(e).__name__}: {e}")
-            n += 1
-
-    th = threading.Thread(target=loop, daemon=True)
-    th.start()
-    try:
-        while len(ids) < 50 and th.is_alive():
-            time.sleep(0.01)
-        move(config)
-        n_at = len(ids)
-        while len(ids) < n_at + 50 and th.is_alive():
-            time.sleep(0.01)
-    finally:
-        stop.set()
-        th.join(30)
-    return ids, errors
+    ids, errors, _ = writes_around(write, lambda: move(config))
+    return ids, [f"{type(e).__name__}: {e}" for e in errors]
 
 
 def test_sqlalchemy_writer_during_a_move(sharded: Config) -> None:

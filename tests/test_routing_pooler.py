@@ -5,13 +5,13 @@ CI=true, where that fails)."""
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import psycopg
 import pytest
+from movekit import writes_around
 
 from pgidgen import pgbouncer, sandbox
 from pgidgen.config import Config, load_config
@@ -55,31 +55,9 @@ def app_config(tmp_path: Path, config: Config, bouncer: pgbouncer.Bouncer, poole
 
 
 def write_during_a_move(router: Router, config: Config) -> tuple[list[int], list[BaseException]]:
-    ids: list[int] = []
-    errors: list[BaseException] = []
-    stop = threading.Event()
-
-    def loop() -> None:
-        n = 0
-        while not stop.is_set():
-            try:
-                ids.append(router.run(1, lambda c: int(c.execute("INSERT INTO t (v) VALUES (%s) RETURNING id", (n,)).fetchone()[0])))
-            except BaseException as e:  # noqa: BLE001 - every exception the application would see
-                errors.append(e)
-            n += 1
-
-    th = threading.Thread(target=loop, daemon=True)
-    th.start()
-    try:
-        while len(ids) < 50 and th.is_alive():
-            time.sleep(0.01)
-        report = move_shard(config, 1, "db3")
-        n_at = len(ids)
-        while len(ids) < n_at + 50 and th.is_alive():
-            time.sleep(0.01)
-    finally:
-        stop.set()
-        th.join(30)
+    ids, errors, report = writes_around(
+        lambda n: router.run(1, lambda c: int(c.execute("INSERT INTO t (v) VALUES (%s) RETURNING id", (n,)).fetchone()[0])),
+        lambda: move_shard(config, 1, "db3"))
     assert report.status == "done" and report.verification is not None and report.verification.ok
     return ids, errors
 
