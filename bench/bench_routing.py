@@ -1,6 +1,6 @@
 """routing: a write and a read through Router.run (claim_shard + search_path with the first statement, pooled) vs
 the same SQL on a plain psycopg connection to the right database, direct and through PgBouncer (transaction mode);
-1 and 4 threads on one shard (the row lock is shared by all writers); and re-reading the map after a move,
+1 and 4 threads on one shard (the claim lock is shared by all writers); and re-reading the map after a move,
 against the full catalog read of `pgidgen map`."""
 from __future__ import annotations
 

@@ -17,6 +17,9 @@ INIT_LOCK = -1
 #: Held (session-level) on every configured database for a whole init run, so that two inits of one deployment,
 #: even on different databases, plan one after the other: each sees the shards the other made.
 INIT_RUN_LOCK = -2
+#: A write's claim of shard N (pgidgen.claim_shard, sql/catalog.sql) holds (LOCK_CLASS, CLAIM_LOCK_BASE - N) shared
+#: until its transaction ends; a move's cutover takes it exclusively before it retires the shard.
+CLAIM_LOCK_BASE = -1073741824
 #: The generator templates; the layout and shard number are rendered into them.
 GENERATORS = {"seqlock": "generators/seqlock.sql.j2"}
 DEFAULT_GENERATOR = "seqlock"

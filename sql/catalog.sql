@@ -42,13 +42,18 @@ CREATE OR REPLACE TRIGGER map_changed AFTER INSERT OR UPDATE OR DELETE ON pgidge
 CREATE OR REPLACE VIEW pgidgen.shard_map AS
     SELECT shard, schema_name, state, updated_at FROM pgidgen.shards;
 
--- Routers call this first in every transaction on a shard (pgidgen/routing.py, docs/orm.md). For a write it
--- locks the shard's row FOR SHARE, so no move can retire the shard here (an UPDATE of the row) until the
--- transaction ends; it refuses (SQLSTATE PGR01) a shard this database does not serve. So a writing
--- transaction that passed it commits before any flip of the map on this database, or not at all. Readers
--- pass for_write => false: no row lock (no XID, no WAL), a read-only transaction, and a move under them
--- shows as the renamed schema. SECURITY DEFINER because FOR SHARE needs UPDATE on pgidgen.shards, which
--- application roles must not have; EXECUTE only for granted roles.
+-- Routers call this first in every transaction on a shard (pgidgen/routing/, docs/orm.md). For a write it
+-- takes the shard's claim lock, a shared advisory lock (1885825380, -1073741824 - shard: pgidgen.idgen.LOCK_CLASS
+-- and CLAIM_LOCK_BASE) held until the transaction ends, which a move's cutover takes exclusively before it
+-- retires the shard here; it refuses (SQLSTATE PGR01) a shard this database does not serve. So a writing
+-- transaction that passed it commits before any flip of the map on this database, or not at all.
+-- The state is read after the lock, with a snapshot of its own (READ COMMITTED): a claim that waited for a flip
+-- sees it. Under REPEATABLE READ or SERIALIZABLE the transaction's snapshot may be older than the lock, so the
+-- row is read FOR SHARE as well, which fails (40001) if a flip changed it since. (An advisory lock, not the row
+-- FOR SHARE, in the common case: no transaction ID, no WAL record, no MultiXact when many writers share it.)
+-- Readers pass for_write => false: no lock, a read-only transaction, and a move under them shows as the renamed
+-- schema. SECURITY DEFINER because FOR SHARE needs UPDATE on pgidgen.shards, which application roles must not
+-- have; EXECUTE only for granted roles.
 CREATE OR REPLACE FUNCTION pgidgen.claim_shard(shard integer, for_write boolean DEFAULT true) RETURNS name
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -61,7 +66,12 @@ BEGIN
         RAISE EXCEPTION 'pgidgen: claim_shard() needs a shard number, not NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF for_write IS DISTINCT FROM false THEN  -- NULL claims for writing: the safe side
-        SELECT shards.state, shards.schema_name INTO st, s FROM pgidgen.shards WHERE shards.shard = claim_shard.shard FOR SHARE;
+        PERFORM pg_catalog.pg_advisory_xact_lock_shared(1885825380, -1073741824 - shard);
+        IF pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
+            SELECT shards.state, shards.schema_name INTO st, s FROM pgidgen.shards WHERE shards.shard = claim_shard.shard;
+        ELSE
+            SELECT shards.state, shards.schema_name INTO st, s FROM pgidgen.shards WHERE shards.shard = claim_shard.shard FOR SHARE;
+        END IF;
     ELSE
         SELECT shards.state, shards.schema_name INTO st, s FROM pgidgen.shards WHERE shards.shard = claim_shard.shard;
     END IF;

@@ -19,8 +19,9 @@ from pgidgen.cli import main as cli
 from pgidgen.config import Config
 from pgidgen.db import execute_script
 from pgidgen.errors import InputError, RoutingError, ShardMovedError, ShardUnavailableError
-from pgidgen.idgen import render_catalog, render_shard, schema_name
+from pgidgen.idgen import CLAIM_LOCK_BASE, LOCK_CLASS, render_catalog, render_shard, schema_name
 from pgidgen.init import init
+from pgidgen.move.sqltext import freeze_sql
 from pgidgen.routing import Router, hashed, modulo
 
 SHARDS = 8
@@ -81,9 +82,9 @@ def hand_move(
     after_lock: Callable[[], None] | None = None,
 ) -> str:
     """Move a shard the way move-shard's cutover does, by hand: the target gets the catalog, the shard, its tables,
-    the rows and the generator state in one open transaction; the source takes its row FOR UPDATE (draining routed
-    transactions), copies, retires the row and renames the schema, commits; then the target commits. Returns the
-    retired schema's name."""
+    the rows and the generator state in one open transaction; the source takes the shard's claim lock and row
+    (move-shard's own freeze_sql: draining routed transactions), copies, retires the row and renames the schema,
+    commits; then the target commits. Returns the retired schema's name."""
     sch = schema_name(shard)
     retired = f"{sch}_retired_{uuid.uuid4().hex[:6]}"
     with psycopg.connect(config.dsn(dst)) as d, psycopg.connect(config.dsn(src)) as s:
@@ -94,7 +95,7 @@ def hand_move(
         execute_script(d, render_shard(config.layout, shard))
         d.execute("SELECT set_config('search_path', %s, true)", (sch,))
         execute_script(d, ddl)
-        s.execute("SELECT state FROM pgidgen.shards WHERE shard = %s FOR UPDATE", (shard,))
+        execute_script(s, freeze_sql(shard, [], 30_000))
         for t in tables:
             s.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(sql.Identifier(sch, t)))
         if after_lock is not None:
@@ -188,8 +189,41 @@ def test_claim_shard_refuses_a_shard_the_database_does_not_serve(sharded: Config
         with pytest.raises(psycopg.errors.NullValueNotAllowed):
             conn.execute("SELECT pgidgen.claim_shard(NULL)")
         conn.rollback()
-        assert conn.execute("SELECT pgidgen.claim_shard(1, NULL)").fetchone() == ("shard_1",)
-        assert conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND pid = pg_backend_pid()").fetchone()[0] == 1
+        assert conn.execute("SELECT pgidgen.claim_shard(1, NULL)").fetchone() == ("shard_1",)  # NULL: a write claim
+        held = "SELECT mode FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND classid = %s AND objid = %s"
+        key = (LOCK_CLASS, CLAIM_LOCK_BASE - 1 + 2**32)  # pg_locks shows the int4 key as an unsigned oid
+        assert conn.execute(held, key).fetchall() == [("ShareLock",)]
+        conn.rollback()
+        assert conn.execute("SELECT pgidgen.claim_shard(1, false)").fetchone() == ("shard_1",)
+        assert conn.execute(held, key).fetchall() == []
+
+
+@pytest.mark.sensitive
+@pytest.mark.parametrize("isolation", ["read committed", "repeatable read"])
+def test_a_write_claim_that_waited_for_a_flip_sees_it(sharded: Config, isolation: str) -> None:
+    """The claim reads the shard's state after its lock. A claim that waited for a move's cutover must not go on
+    with a state it read before the flip committed: under READ COMMITTED it reads the row again (PGR01), under
+    REPEATABLE READ its snapshot is older than the flip and the row is read FOR SHARE (40001)."""
+    outcome: dict[str, Any] = {}
+    with psycopg.connect(sharded.dsn("db1")) as mover:
+        execute_script(mover, freeze_sql(1, [], 30_000))  # the cutover's locks, as move-shard takes them
+
+        def claim() -> None:
+            with psycopg.connect(sharded.dsn("db1")) as conn:
+                conn.execute(sql.SQL("SET TRANSACTION ISOLATION LEVEL {}").format(sql.SQL(isolation.upper())))
+                try:
+                    outcome["claimed"] = conn.execute("SELECT pgidgen.claim_shard(1)").fetchone()
+                except psycopg.Error as e:
+                    outcome["sqlstate"] = e.sqlstate
+
+        t = threading.Thread(target=claim)
+        t.start()
+        _wait_for_lock_wait(sharded.dsn("db1"))
+        mover.execute("UPDATE pgidgen.shards SET state = 'retired' WHERE shard = 1")
+        mover.commit()
+        t.join(20)
+    assert "claimed" not in outcome, outcome
+    assert outcome["sqlstate"] == ("PGR01" if isolation == "read committed" else "40001")
 
 
 def test_read_only_transactions_do_not_lock_the_row_and_cannot_write(router: Router, sharded: Config) -> None:

@@ -33,8 +33,8 @@ PAUSE_SHARE = 0.5
 #: The share of a server's lock table (max_locks_per_transaction * (max_connections + max_prepared_transactions))
 #: one batch's transactions may take: two batches may run at once, beside the applications.
 LOCK_SHARE = 0.2
-#: Locks a shard's cutover and copy take besides one per relation (its schema, catalog row, advisory lock).
-LOCKS_PER_SHARD = 3
+#: Locks a shard's cutover and copy take besides one per relation (its schema, catalog row, move and claim advisory locks).
+LOCKS_PER_SHARD = 4
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Sequence
 from psycopg import sql
 
 from ..db import scrub
+from ..idgen import CLAIM_LOCK_BASE, LOCK_CLASS
 
 
 def ident(*parts: str) -> str:
@@ -314,15 +315,20 @@ TABLES_AS_THEY_STAND_MANY_SQL = TABLES_AS_THEY_STAND_SQL.replace("SELECT c.relna
 
 
 def freeze_sql(shards: int | Sequence[int], tables: Sequence[TableRef], lock_timeout_ms: int) -> str:
-    """Stop writes to the shard on the source. First the shard's catalog row FOR UPDATE, the lock routed
-    transactions take FOR SHARE in pgidgen.claim_shard() (same order as theirs, so no deadlock): claimed
-    transactions finish, new ones wait. Then EXCLUSIVE on the tables (partitioned parents included: a write
-    routed through one locks the parent first) for writers that do not claim: it blocks
-    INSERT/UPDATE/DELETE/SELECT FOR UPDATE and TRUNCATE, and lets plain reads go on. Both waits together stay
-    within lock_timeout_ms. A batch locks its shards' rows in shard order (a routed transaction claims one)."""
+    """Stop writes to the shard on the source. First the shard's claim lock exclusively, which routed writes
+    hold shared from pgidgen.claim_shard() until they end, and its catalog row FOR UPDATE, which claims under
+    REPEATABLE READ also hold FOR SHARE (both in the order routed transactions take them, so no deadlock):
+    claimed transactions finish, new ones wait, and read the row again once the flip committed. Then EXCLUSIVE
+    on the tables (partitioned parents included: a write routed through one locks the parent first) for
+    writers that do not claim: it blocks INSERT/UPDATE/DELETE/SELECT FOR UPDATE and TRUNCATE, and lets plain
+    reads go on. The waits together stay within lock_timeout_ms. A batch locks its shards in shard order (a
+    routed transaction claims one)."""
     budget = max(1, int(lock_timeout_ms))
     text = f"SET LOCAL lock_timeout = '{budget}ms';\n"
-    order = "" if isinstance(shards, int) or len(shards) == 1 else " ORDER BY shard"
+    ordered = [shards] if isinstance(shards, int) else sorted(shards)
+    text += (f"SELECT pg_catalog.pg_advisory_xact_lock({LOCK_CLASS}, {CLAIM_LOCK_BASE} - s)"
+             f" FROM pg_catalog.unnest('{{{','.join(map(str, ordered))}}}'::pg_catalog.int4[]) AS s;\n")
+    order = "" if len(ordered) == 1 else " ORDER BY shard"
     text += f"SELECT 1 FROM pgidgen.shards WHERE shard {shard_set(shards)}{order} FOR UPDATE;\n"
     if tables:
         # what is left of the budget for the tables (the script's statements share one statement_timestamp)

@@ -11,22 +11,28 @@ pooled connection there with the shard's schema first on `search_path`, so unqua
 Never writing to the wrong place. The map is only a cache (the union of every database's `pgidgen.shards`,
 refreshed on `NOTIFY pgidgen_map` and whenever a route turns out stale); it decides where to *try*. What
 decides whether a write may happen is the target database itself: every routed transaction starts with
-`pgidgen.claim_shard(N)`, which locks that database's `pgidgen.shards` row of shard N FOR SHARE and raises
-SQLSTATE PGR01 unless the row is 'active' (or 'moving'). A move retires the shard on the old database by
-UPDATE-ing that row, and an UPDATE waits for every FOR SHARE holder. So on any one database:
-- a transaction that passed the claim holds the row until it ends: the flip commits after it, so its writes
+`pgidgen.claim_shard(N)`, which takes shard N's claim lock on that database (an advisory lock in share mode,
+held until the transaction ends), then reads that database's `pgidgen.shards` row of shard N and raises
+SQLSTATE PGR01 unless it is 'active' (or 'moving'). A move retires the shard on the old database by UPDATE-ing
+that row in a transaction that first takes the claim lock exclusively, which waits for every holder. So on any
+one database:
+- a transaction that passed the claim holds the lock until it ends: the flip commits after it, so its writes
   precede the flip in that database's commit order, and a move that copies everything committed before its
   flip carries them over (the move's side of the contract);
-- a transaction that starts after the flip (or waited on the flipping UPDATE) sees 'retired' (READ
-  COMMITTED re-reads the updated row; REPEATABLE READ fails with 40001) and writes nothing;
+- a transaction that starts after the flip, or waited on the flip's lock, sees 'retired' and writes nothing:
+  the row is read after the lock is granted, by a statement of its own, so under READ COMMITTED with a snapshot
+  taken after the flip committed; under REPEATABLE READ the transaction's snapshot may be older, so the claim
+  reads the row FOR SHARE as well, which fails with 40001 when the flip changed it since;
 - a statement that reaches the old copy some other way finds the schema renamed (3F000/42P01) or, by its new
   name, move-shard's always-on trigger refusing writes (25006): the helper re-reads the row before blaming the
   move, so a genuinely missing table is still reported as such.
 The error is ShardMovedError (retryable); `Router.run` re-reads the map and runs the work again on the database
-that serves the shard now. move-shard's cutover takes the row lock (SELECT ... FOR UPDATE of the shard's row)
-before it blocks the shard's tables, the same order as routed transactions; in the other order a routed writer
-caught between the two would be cancelled by the deadlock detector (still nothing written in the wrong place).
-Reads (read_only=True) skip the row lock: a read that overlaps the flip reads the old copy as of the flip.
+that serves the shard now. move-shard's cutover takes the claim lock and the row (SELECT ... FOR UPDATE) before
+it blocks the shard's tables, the same order as routed transactions; in the other order a routed writer caught
+between the two would be cancelled by the deadlock detector (still nothing written in the wrong place).
+(The lock is an advisory lock rather than the row FOR SHARE it was: no transaction ID, no WAL record, and no
+MultiXact when many writers share it, a measurable part of a one-statement unit of work.)
+Reads (read_only=True) skip the lock: a read that overlaps the flip reads the old copy as of the flip.
 
 The claim costs no round trip of its own: it leaves in one pipeline with the work's first statement
 (claiming.py), in the same order, so the argument above holds unchanged.

@@ -21,16 +21,30 @@ from psycopg._preparing import Prepare
 IN_UNIT = "commit() and rollback() are not allowed inside a Router unit of work: it commits when the block ends"
 
 
-def claim_sql(shard: int, search_path: str, read_only: bool) -> bytes:
-    """The claim with its arguments as literals (it is sent by psycopg's internal command path, unparametrised)."""
-    if read_only:
-        q = sql.SQL(
-            "SELECT pgidgen.claim_shard({}, false), pg_catalog.set_config('search_path', {}, true),"
-            " pg_catalog.set_config('transaction_read_only', 'on', true)"
-        )
-    else:
-        q = sql.SQL("SELECT pgidgen.claim_shard({}), pg_catalog.set_config('search_path', {}, true)")
-    return q.format(sql.Literal(shard), sql.Literal(search_path)).as_string(None).encode("utf-8")
+_CLAIM_READ = (
+    "SELECT pgidgen.claim_shard({shard}, false), pg_catalog.set_config('search_path', {path}, true),"
+    " pg_catalog.set_config('transaction_read_only', 'on', true)"
+)
+_CLAIM_WRITE = "SELECT pgidgen.claim_shard({shard}), pg_catalog.set_config('search_path', {path}, true)"
+_INT4, _TEXT = 23, 25
+
+
+class Claim:
+    """The claim of one shard, read or write, in the two forms it is sent in: `text`, with its arguments as
+    literals (psycopg's internal command path and the simple query protocol take no parameters), and `query`
+    with `params` ($1 the shard, $2 the search_path), which psycopg's statement cache can prepare like any other
+    statement of the connection (it has the attributes of psycopg's PostgresQuery the cache reads): the server
+    then neither parses nor plans it again, which is most of what the claim costs."""
+
+    __slots__ = ("text", "query", "params", "types", "formats")
+
+    def __init__(self, shard: int, search_path: str, read_only: bool) -> None:
+        template = _CLAIM_READ if read_only else _CLAIM_WRITE
+        self.text = sql.SQL(template).format(shard=sql.Literal(shard), path=sql.Literal(search_path)).as_string(None).encode("utf-8")
+        self.query = template.format(shard="$1", path="$2").encode("utf-8")
+        self.params: list[bytes | None] = [str(shard).encode("ascii"), search_path.encode("utf-8")]
+        self.types = (_INT4, _TEXT)
+        self.formats = None
 
 
 def _fast_path_available() -> bool:
@@ -57,9 +71,11 @@ class ClaimingCursor(psycopg.Cursor[Any]):
         return self
 
 
-def claimed_execute_gen(self: Any, query: Any, params: Any, claim: bytes, prepare: bool | None, binary: bool | None) -> Any:
+def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepare: bool | None, binary: bool | None) -> Any:
     """BEGIN, the claim and the statement in one pipeline and one network write; the results in one read.
-    psycopg's own pipeline sends each command on its own and costs more than the round trip it saves.
+    psycopg's own pipeline sends each command on its own and costs more than the round trip it saves. The claim
+    is prepared once per connection (unless the connection prepares nothing, as behind a transaction pooler),
+    the statement as psycopg would prepare it.
     self: a psycopg Cursor or AsyncCursor (the generator is psycopg's way to serve both)."""
     yield from self._start_query(query)
     pgq = self._convert_query(query, params)
@@ -69,7 +85,7 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: bytes, prepar
     if not pgq.params and fmt == pq.Format.TEXT:
         # no parameters: psycopg sends such a query as a simple one (it may hold several statements); so do we,
         # behind BEGIN and the claim in the same message
-        pgconn.send_query(b"BEGIN; " + claim + b"; " + pgq.query)
+        pgconn.send_query(b"BEGIN; " + claim.text + b"; " + pgq.query)
         results = yield from generators.execute(pgconn)
         head, results = results[:2], results[2:]
         _raise_first(head, pgconn)
@@ -78,22 +94,21 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: bytes, prepar
         self._last_query = query
         return
     prepared = self._conn._prepared
+    cprep, cname = prepared.get(claim, True)  # type: ignore[arg-type]
     prep, name = prepared.get(pgq, prepare)
     pgconn.enter_pipeline_mode()
     done = False
     try:
         pgconn.send_query_params(b"BEGIN", None)
-        pgconn.send_query_params(claim, None)
-        if prep is Prepare.NO:
-            pgconn.send_query_params(pgq.query, pgq.params, param_formats=pgq.formats, param_types=pgq.types, result_format=fmt)
-        else:
-            if prep is Prepare.SHOULD:
-                pgconn.send_prepare(name, pgq.query, param_types=pgq.types)
-            pgconn.send_query_prepared(name, pgq.params, param_formats=pgq.formats, result_format=fmt)
-        key = prepared.maybe_add_to_cache(pgq, prep, name)
+        ckey = _send(pgconn, prepared, claim, cprep, cname, pq.Format.TEXT)
+        key = _send(pgconn, prepared, pgq, prep, name, fmt)
         pgconn.pipeline_sync()
         yield from generators.send(pgconn)
-        head = (yield from generators.fetch_many(pgconn)) + (yield from generators.fetch_many(pgconn))
+        head = yield from generators.fetch_many(pgconn)  # BEGIN
+        if cprep is Prepare.SHOULD:
+            head += yield from generators.fetch_many(pgconn)
+        claimed = yield from generators.fetch_many(pgconn)
+        head += claimed
         if prep is Prepare.SHOULD:
             head += yield from generators.fetch_many(pgconn)
         results = yield from generators.fetch_many(pgconn)
@@ -105,15 +120,28 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: bytes, prepar
         except psycopg.Error:
             if done:
                 raise
+    if ckey is not None:
+        prepared.validate(ckey, cprep, cname, claimed)
     if key is not None:
         prepared.validate(key, prep, name, results)
-    if prep is Prepare.SHOULD and any(res.status == pq.ExecStatus.FATAL_ERROR for res in head):
-        prepared.clear()  # the statement may not have been prepared after all: start over
+    if Prepare.SHOULD in (prep, cprep) and any(res.status == pq.ExecStatus.FATAL_ERROR for res in head):
+        prepared.clear()  # a statement may not have been prepared after all: start over
     _raise_first(head, pgconn)
     self._check_results(results)
     self._set_results(results)
     self._last_query = query
     yield from prepared.maintain_gen(self._conn)
+
+
+def _send(pgconn: Any, prepared: Any, q: Any, prep: Prepare, name: bytes, fmt: pq.Format) -> Any:
+    """Queue q (a PostgresQuery or a Claim) in the pipeline, prepared if the cache says so; its cache key."""
+    if prep is Prepare.NO:
+        pgconn.send_query_params(q.query, q.params, param_formats=q.formats, param_types=q.types, result_format=fmt)
+    else:
+        if prep is Prepare.SHOULD:
+            pgconn.send_prepare(name, q.query, param_types=q.types)
+        pgconn.send_query_prepared(name, q.params, param_formats=q.formats, result_format=fmt)
+    return prepared.maybe_add_to_cache(q, prep, name)
 
 
 def _raise_first(results: list[Any], pgconn: Any) -> None:
@@ -128,10 +156,10 @@ FAST = _fast_path_available()
 class _Unit:
     """What the sync and async connection classes share: the claim held back until the first statement."""
 
-    pending_claim: bytes | None = None
+    pending_claim: Claim | None = None
     in_unit = False
 
-    def begin_unit(self, claim: bytes) -> None:
+    def begin_unit(self, claim: Claim) -> None:
         self.pending_claim = claim
         self.in_unit = True
 
@@ -148,7 +176,7 @@ class _Unit:
             return (yield from super()._start_query())  # type: ignore[misc]
         self.pending_claim = None
         yield from self._exec_command(b"BEGIN")  # type: ignore[attr-defined]
-        yield from self._exec_command(claim)  # type: ignore[attr-defined]
+        yield from self._exec_command(claim.text)  # type: ignore[attr-defined]
         return None
 
 

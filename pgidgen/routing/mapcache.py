@@ -50,8 +50,15 @@ class RoutingMap:
     versions: dict[str, int] = field(default_factory=dict)  # pgidgen.map_version per database at load
     unreachable: dict[str, str] = field(default_factory=dict)
     loaded_at: float = 0.0
+    _routes: dict[int, Route] = field(default_factory=dict, repr=False, compare=False)
 
     def route(self, shard: int) -> Route:
+        route = self._routes.get(shard)  # a snapshot never changes: each route is built once
+        if route is None:
+            route = self._routes[shard] = self._route(shard)
+        return route
+
+    def _route(self, shard: int) -> Route:
         if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < self.shard_count:
             raise InputError(f"shard {shard!r} does not exist", hint=f"shards are numbered 0 to {self.shard_count - 1}")
         if shard in self.conflicts:

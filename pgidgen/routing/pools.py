@@ -97,21 +97,23 @@ class Pools:
 
     @contextmanager
     def connection(self, name: str) -> Iterator[ClaimingConnection]:
-        """A pooled autocommit connection: the one this database's last unit of work gave back, if idle (its
-        server process warm, its statements prepared), else one from psycopg_pool (which hands them out in turn)."""
-        pool = self._pools.get(name) or self._open(name)
-        conn = self._borrow(name, pool)
+        """A pooled autocommit connection (borrow, then give_back)."""
+        conn = self.borrow(name)
         try:
             yield conn
         finally:
-            if not self._closed and not conn.closed and conn.pgconn.transaction_status == IDLE and not _waiting(pool):
-                self._idle[name].append(conn)
-            else:
-                pool.putconn(conn)
-            if self._closed:
-                self._release_idle()
+            self.give_back(name, conn)
 
-    def _borrow(self, name: str, pool: ConnectionPool) -> ClaimingConnection:
+    def borrow(self, name: str) -> ClaimingConnection:
+        """The connection this database's last unit of work gave back, if idle (its server process warm, its
+        statements prepared), else one from psycopg_pool (which hands them out in turn)."""
+        idle = self._idle[name]
+        if idle:
+            try:
+                return idle.pop()
+            except IndexError:  # another thread took it meanwhile
+                pass
+        pool = self._pools.get(name) or self._open(name)
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -123,6 +125,18 @@ class Pools:
             except PoolTimeout:
                 if time.monotonic() >= deadline:
                     raise self._timeout(name) from None
+
+    def give_back(self, name: str, conn: ClaimingConnection) -> None:
+        pool = self._pools.get(name)
+        if pool is None:  # the router closed meanwhile
+            conn.close()
+            return
+        if not self._closed and not conn.closed and conn.pgconn.transaction_status == IDLE and not _waiting(pool):
+            self._idle[name].append(conn)
+        else:
+            pool.putconn(conn)
+        if self._closed:
+            self._release_idle()
 
     def _release_idle(self) -> None:
         for name, idle in list(self._idle.items()):

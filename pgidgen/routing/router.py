@@ -126,7 +126,7 @@ class Router:
         shard there (so no move can flip it until the transaction ends) and with search_path = shard_N,
         public for this transaction only. Commits when the block ends, rolls back on an exception.
 
-        read_only: a READ ONLY transaction that checks the shard without locking its row (no transaction ID,
+        read_only: a READ ONLY transaction that checks the shard without taking its claim lock (no transaction ID,
         no WAL); a move under it shows as the renamed schema and is retried like any other.
 
         Raises ShardMovedError (retryable; nothing was committed) when that database no longer serves the
