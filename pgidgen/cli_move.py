@@ -157,7 +157,7 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
                   dry_run: bool, as_json: bool) -> None:
     """Move shards so every database holds an even share of bytes (or of shards), several moves at once."""
     from . import move
-    from .move.rebalance import plan_rebalance, rebalance
+    from .move.rebalance import Interrupted, plan_rebalance, rebalance
     from .ranges import collapse
 
     config = get_config(ctx)
@@ -183,7 +183,10 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
                    f" pause {r.pause_ms or 0:.0f} ms; {tally['shards']}/{total} shards, {tally['bytes'] / 1e6:.1f} MB"
                    + (f", ETA {eta:.0f}s" if tally["shards"] < total else ""), err=True)
 
-    result = rebalance(config, names, parallel=parallel, options=opts, by=by, on_batch=None if as_json else show)
+    try:
+        result, interrupted = rebalance(config, names, parallel=parallel, options=opts, by=by, on_batch=None if as_json else show), False
+    except Interrupted as e:
+        result, interrupted = e.result, True
     if not as_json:
         from .shardmap import read_map
 
@@ -191,6 +194,11 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
         click.echo("\n".join(result.lines(now.databases, list(now.unreachable), now.bytes) + result.plan.lines()[len(result.plan.before) + len(result.plan.moves):]))
     else:
         click.echo(json.dumps(result.as_dict(), indent=2))
+    if interrupted:
+        moved = sum(len(r.shards) for r in result.reports)
+        failed = f", {len(result.failures)} failed" if result.failures else ""
+        raise click.ClickException(f"rebalance interrupted: {moved} shards moved{failed}, the batches in flight finished and no other started;"
+                                   " run 'pgidgen rebalance' again to continue")
     if not result.ok:
         done = len(result.plan.moves) - len(result.failures)
         raise click.ClickException(f"{len(result.failures)} of {len(result.plan.moves)} moves failed"
