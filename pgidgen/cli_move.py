@@ -150,14 +150,14 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
 @click.option("--by", type=click.Choice(["size", "count"]), default="size", show_default=True,
               help="Even out the bytes on disk (the shards' tables and indexes), or the number of shards.")
 @click.option("--drop-source", is_flag=True, help="Drop each source copy right after its verified move.")
-@click.option("--dry-run", is_flag=True, help="Print the moves that would run, and change nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (shards and bytes per database before and after, the moves and their batches), and change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
 @click.pass_context
 def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_pause: str, offline: bool, by: str, drop_source: bool,
                   dry_run: bool, as_json: bool) -> None:
     """Move shards so every database holds an even share of bytes (or of shards), several moves at once."""
     from . import move
-    from .move.rebalance import Interrupted, plan_rebalance, rebalance
+    from .move.rebalance import Interrupted, plan_batches_of, plan_rebalance, rebalance
     from .ranges import collapse
 
     config = get_config(ctx)
@@ -165,6 +165,7 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
     opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline, drop_source=drop_source)
     if dry_run:
         plan = plan_rebalance(config, names, by=by)
+        plan_batches_of(config, plan, parallel=parallel, options=opts)
         click.echo(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()))
         return
     total = len(plan_rebalance(config, names, by=by).moves)

@@ -13,10 +13,9 @@ from pathlib import Path
 import psycopg
 import pytest
 from movekit import Writer, leftovers
-from moveshards import quick_subscription_start, rows_of  # noqa: F401 (an autouse fixture)
+from moveshards import journal_statuses, quick_subscription_start, rows_of, setup_on_one  # noqa: F401 (an autouse fixture)
 
 from pgidgen.config import Config
-from pgidgen.init import init
 from pgidgen.move.rebalance import plan_rebalance, work_units
 from pgidgen.shardmap import read_map
 
@@ -44,17 +43,6 @@ def children(pid: int) -> list[tuple[int, str]]:
     return found
 
 
-def moves_by_status(config: Config) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for dsn in config.databases.values():
-        with psycopg.connect(dsn, autocommit=True) as c:
-            if c.execute("SELECT to_regclass('pgidgen.moves')").fetchone()[0] is None:  # type: ignore[index]
-                continue
-            for status, n in c.execute("SELECT status, count(*) FROM pgidgen.moves GROUP BY 1"):
-                out[status] = out.get(status, 0) + int(n)
-    return out
-
-
 def serving(config: Config) -> dict[int, list[str]]:
     """shard -> the databases whose catalog has it active."""
     out: dict[int, list[str]] = {}
@@ -74,12 +62,7 @@ def pgidgen(config_file: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def test_ctrl_c_during_a_rebalance_leaves_nothing_half_done_and_the_next_one_continues(config: Config, config_file: Path) -> None:
-    assert all(o.ok for o in init(config, SHARDS, ["db1"]))
-    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
-        for s in range(SHARDS):
-            c.execute(f"CREATE TABLE shard_{s}.t (id bigint PRIMARY KEY DEFAULT shard_{s}.next_id(), v int, note text)")
-            c.execute(f"CREATE TABLE shard_{s}.tags (tag text PRIMARY KEY, n serial)")
-            c.execute(f"INSERT INTO shard_{s}.t (v, note) SELECT g, md5(g::text) FROM generate_series(1, 50) g")
+    setup_on_one(config, SHARDS, rows=50)
     plan = plan_rebalance(config, by="count")
     assert {n: len(v) for n, v in plan.after.items()} == {"db1": 20, "db2": 20, "db3": 20}
     units = work_units(plan.moves, 2)
@@ -101,7 +84,7 @@ def test_ctrl_c_during_a_rebalance_leaves_nothing_half_done_and_the_next_one_con
             caught: list[tuple[int, str]] = []
             while proc.poll() is None:
                 kids = [k for k in children(proc.pid) if k[1] in CLIENTS]
-                if kids and (st := moves_by_status(config)).get("running") and not st.get("done"):  # each pair's first batch
+                if kids and (st := journal_statuses(config.databases)).get("running") and not st.get("done"):  # each pair's first batch
                     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
                     caught = kids
                     break
@@ -118,7 +101,7 @@ def test_ctrl_c_during_a_rebalance_leaves_nothing_half_done_and_the_next_one_con
         assert errors == [ln for ln in err.splitlines() if not ln.startswith("shards ")] and len(errors) == 1, err
         assert errors[0].startswith("Error: rebalance interrupted: "), errors
         # nothing half-done: every journaled move finished, no replication object left, one server per shard
-        assert set(moves_by_status(config)) <= {"done", "rolled_back"}, moves_by_status(config)
+        assert set(journal_statuses(config.databases)) <= {"done", "rolled_back"}, journal_statuses(config.databases)
         assert leftovers(config.databases) == []
         held = serving(config)
         assert sorted(held) == list(range(SHARDS)) and all(len(v) == 1 for v in held.values()), held
@@ -136,7 +119,7 @@ def test_ctrl_c_during_a_rebalance_leaves_nothing_half_done_and_the_next_one_con
     m = read_map(config)
     assert m.ok and {n: len(v) for n, v in m.databases.items()} == {"db1": 20, "db2": 20, "db3": 20}
     assert sorted(m.databases["db1"]) == plan.after["db1"]
-    assert set(moves_by_status(config)) <= {"done"} and leftovers(config.databases) == []
+    assert set(journal_statuses(config.databases)) <= {"done"} and leftovers(config.databases) == []
     for s, w in writers.items():
         [where] = serving(config)[s]
         ids = [r[0] for r in rows_of(config.dsn(where), f"shard_{s}")]

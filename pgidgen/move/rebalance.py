@@ -26,7 +26,7 @@ from ..ranges import collapse
 from ..sizes import human, read_sizes
 from .balance import spread_bytes
 from .context import MoveError, preflight, read_states
-from .engine import Background, Hook, MoveOptions, MoveReport, ensure_catalog, move_shards, resume_move
+from .engine import Background, Hook, MoveOptions, MoveReport, ensure_catalog, move_shards, plan_shards, resume_move
 from .journal import has_journal
 
 
@@ -41,6 +41,26 @@ class PlannedMove:
 
 
 @dataclass
+class PlannedBatch:
+    """A batch the dry run expects: one replication stream and one write pause for its shards."""
+
+    source: str
+    target: str
+    shards: list[int]
+    bytes: int
+    pause_s: float  # estimated (batches.py)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "target": self.target, "shards": collapse(self.shards), "count": len(self.shards), "bytes": self.bytes,
+                "estimated_pause_ms": round(self.pause_s * 1000)}
+
+    def line(self) -> str:
+        n = len(self.shards)
+        return (f"  {self.source} -> {self.target}: {n} shard{'s' if n != 1 else ''}, {human(self.bytes)} ({collapse(self.shards)}),"
+                f" estimated write pause {self.pause_s * 1000:.0f} ms")
+
+
+@dataclass
 class RebalancePlan:
     before: dict[str, list[int]]
     after: dict[str, list[int]]
@@ -52,6 +72,9 @@ class RebalancePlan:
     by: str = "count"
     #: bytes on disk of every shard held (empty: not read)
     sizes: dict[int, int] = field(default_factory=dict)
+    #: the batches the moves run in, `parallel` at a time (None: not planned; see plan_batches_of)
+    batches: list[PlannedBatch] | None = None
+    parallel: int = 1
 
     @property
     def even(self) -> bool:
@@ -77,12 +100,17 @@ class RebalancePlan:
             "left_mid_move": [{"shard": s, "database": n} for s, n in sorted(self.midmove.items())],
             "blocked_by_retired_copy": [{"shard": s, "database": n} for s, n in sorted(self.blocked.items())],
             "even": self.even,
+            **({"batches": [b.as_dict() for b in self.batches], "parallel": self.parallel} if self.batches is not None else {}),
         }
 
     def lines(self) -> list[str]:
         out = [f"{n}: {self._held(self.before[n])} -> {self._held(self.after[n])} ({collapse(self.after[n]) or '-'})" for n in self.before]
         out += [f"move shard {m.shard}: {m.source} -> {m.target}" + (f" ({human(self.sizes.get(m.shard, 0))})" if self.sizes else "")
                 for m in self.moves]
+        if self.batches:
+            n = len(self.batches)
+            out.append(f"in {n} batch{'es' if n != 1 else ''} (one replication stream and one write pause each), at most {self.parallel} at a time:")
+            out += [b.line() for b in self.batches]
         out += [f"shard {s} is in the middle of a move: left on {n} (finish it with 'pgidgen move-shard {s} --resume' or '--rollback')"
                 for s, n in sorted(self.midmove.items())]
         if not self.even:
@@ -219,8 +247,7 @@ def rebalance(
     Ctrl-C (KeyboardInterrupt, which Python raises in the main thread) lets the batches in flight finish (or roll
     back, when their cutover does not fit) and starts no other, then raises Interrupted with what was done: the
     moves run on other threads, so the interrupt never lands inside a step; this one only waits."""
-    if parallel < 1:
-        raise ConfigError(f"--parallel must be at least 1, not {parallel}")
+    _check_parallel(parallel)
     stop = threading.Event()
     work = Background(lambda: _rebalance(config, databases, parallel=parallel, options=options, on_done=on_done, on_batch=on_batch,
                                          hook=hook, by=by, stop=stop))
@@ -306,6 +333,25 @@ def _rebalance(
         list(pool.map(run, units))
     result.reports.sort(key=lambda r: r.shard)
     return result
+
+
+def _check_parallel(parallel: int) -> None:
+    if parallel < 1:
+        raise ConfigError(f"--parallel must be at least 1, not {parallel}")
+
+
+def plan_batches_of(config: Config, plan: RebalancePlan, *, parallel: int = 2, options: MoveOptions | None = None) -> list[PlannedBatch]:
+    """The dry run's batches: the plan's moves cut as a run cuts them (work_units, then each unit's move_shards),
+    in the order each unit runs them; nothing is written. A run cuts a unit's later batches again by the pauses it
+    measures (batches.Pacer), so those may come out fewer and larger than estimated here."""
+    _check_parallel(parallel)
+    sources = {m.shard: m.source for m in plan.moves}
+    out = []
+    for target, shards in work_units(plan.moves, parallel):
+        out += [PlannedBatch(sources[shards[0]], target, b.shards, plan.bytes_of(b.shards), b.pause_s)
+                for b in plan_shards(config, shards, target, options=options)]
+    plan.batches, plan.parallel = out, parallel
+    return out
 
 
 def work_units(moves: Sequence[PlannedMove], parallel: int) -> list[tuple[str, list[int]]]:
