@@ -56,9 +56,10 @@ def serving(config: Config) -> dict[int, list[str]]:
 
 
 def pgidgen(config_file: Path, *args: str) -> subprocess.Popen[str]:
-    """pgidgen in a process group of its own, as a shell runs a foreground job: the group's SIGINT is a Ctrl-C."""
+    """pgidgen in a process group of its own (its pid is the group's id), as a shell runs a foreground job: the
+    group's SIGINT is a Ctrl-C."""
     return subprocess.Popen([str(Path(sys.executable).parent / "pgidgen"), "--config", str(config_file), *args],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def test_ctrl_c_during_a_rebalance_leaves_nothing_half_done_and_the_next_one_continues(config: Config, config_file: Path) -> None:
@@ -124,4 +125,5 @@ def test_ctrl_c_during_a_rebalance_leaves_nothing_half_done_and_the_next_one_con
         [where] = serving(config)[s]
         ids = [r[0] for r in rows_of(config.dsn(where), f"shard_{s}")]
         assert len(w.ids) > 0 and len(set(w.ids)) == len(w.ids), f"shard {s}: an ID acknowledged twice"
+        assert w.ids == sorted(w.ids), f"shard {s}: IDs after its move are not greater than those before"
         assert sorted(ids) == sorted([r[0] for r in before[s]] + w.ids), f"shard {s}: rows lost or duplicated"
