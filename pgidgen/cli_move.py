@@ -150,14 +150,14 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
 @click.option("--by", type=click.Choice(["size", "count"]), default="size", show_default=True,
               help="Even out the bytes on disk (the shards' tables and indexes), or the number of shards.")
 @click.option("--drop-source", is_flag=True, help="Drop each source copy right after its verified move.")
-@click.option("--dry-run", is_flag=True, help="Print the moves that would run, and change nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (shards and bytes per database before and after, the moves and their batches), and change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
 @click.pass_context
 def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_pause: str, offline: bool, by: str, drop_source: bool,
                   dry_run: bool, as_json: bool) -> None:
     """Move shards so every database holds an even share of bytes (or of shards), several moves at once."""
     from . import move
-    from .move.rebalance import plan_rebalance, rebalance
+    from .move.rebalance import Interrupted, plan_batches_of, plan_rebalance, rebalance
     from .ranges import collapse
 
     config = get_config(ctx)
@@ -165,6 +165,7 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
     opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline, drop_source=drop_source)
     if dry_run:
         plan = plan_rebalance(config, names, by=by)
+        plan_batches_of(config, plan, parallel=parallel, options=opts)
         click.echo(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()))
         return
     total = len(plan_rebalance(config, names, by=by).moves)
@@ -183,7 +184,10 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
                    f" pause {r.pause_ms or 0:.0f} ms; {tally['shards']}/{total} shards, {tally['bytes'] / 1e6:.1f} MB"
                    + (f", ETA {eta:.0f}s" if tally["shards"] < total else ""), err=True)
 
-    result = rebalance(config, names, parallel=parallel, options=opts, by=by, on_batch=None if as_json else show)
+    try:
+        result, interrupted = rebalance(config, names, parallel=parallel, options=opts, by=by, on_batch=None if as_json else show), False
+    except Interrupted as e:
+        result, interrupted = e.result, True
     if not as_json:
         from .shardmap import read_map
 
@@ -191,6 +195,11 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
         click.echo("\n".join(result.lines(now.databases, list(now.unreachable), now.bytes) + result.plan.lines()[len(result.plan.before) + len(result.plan.moves):]))
     else:
         click.echo(json.dumps(result.as_dict(), indent=2))
+    if interrupted:
+        moved = sum(len(r.shards) for r in result.reports)
+        failed = f", {len(result.failures)} failed" if result.failures else ""
+        raise click.ClickException(f"rebalance interrupted: {moved} shards moved{failed}, the batches in flight finished and no other started;"
+                                   " run 'pgidgen rebalance' again to continue")
     if not result.ok:
         done = len(result.plan.moves) - len(result.failures)
         raise click.ClickException(f"{len(result.failures)} of {len(result.plan.moves)} moves failed"

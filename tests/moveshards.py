@@ -42,6 +42,16 @@ def setup_shards(config: Config, *, rows: int = 200, databases: tuple[str, ...] 
             c.execute(f"INSERT INTO shard_{shard}.tags (tag) SELECT 'tag' || g FROM generate_series(1, 10) g")
 
 
+def setup_on_one(config: Config, count: int, *, rows: int = 20) -> None:
+    """count shards, all on db1, each with the two tables of setup_shards: rebalance's starting point."""
+    assert all(o.ok for o in init(config, count, ["db1"]))
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        for s in range(count):
+            c.execute(f"CREATE TABLE shard_{s}.t (id bigint PRIMARY KEY DEFAULT shard_{s}.next_id(), v int, note text)")
+            c.execute(f"CREATE TABLE shard_{s}.tags (tag text PRIMARY KEY, n serial)")
+            c.execute(f"INSERT INTO shard_{s}.t (v, note) SELECT g, md5(g::text) FROM generate_series(1, {rows}) g")
+
+
 def rows_of(dsn: str, schema: str, table: str = "t") -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn, autocommit=True) as c:
         return c.execute(f"SELECT * FROM {schema}.{table} ORDER BY 1").fetchall()
@@ -58,6 +68,18 @@ def state_of(dsn: str, shard: int) -> tuple[str, str] | None:
 def open_moves(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as c:
         return int(c.execute("SELECT count(*) FROM pgidgen.moves WHERE status IN ('running', 'failed')").fetchone()[0])
+
+
+def journal_statuses(dsns: dict[str, str]) -> dict[str, int]:
+    """How many journaled moves of each status (running, failed, done, rolled_back) all these databases hold."""
+    out: dict[str, int] = {}
+    for dsn in dsns.values():
+        with psycopg.connect(dsn, autocommit=True) as c:
+            if c.execute("SELECT to_regclass('pgidgen.moves')").fetchone()[0] is None:
+                continue
+            for status, n in c.execute("SELECT status, count(*) FROM pgidgen.moves GROUP BY 1"):
+                out[status] = out.get(status, 0) + int(n)
+    return out
 
 
 def start_cli(config_file: Path, *args: str, stop_at: str | None = None) -> subprocess.Popen[str]:
@@ -96,8 +118,9 @@ def alive(pid: int) -> bool:
 
 
 def no_bytes(output: str) -> list[str]:
-    """Output lines without the sizes in them (", 96 kB", " (48 kB)"): they differ between PostgreSQL majors."""
-    return [re.sub(r",? \(?[0-9.]+ (bytes|kB|MB|GB)\)?", "", line) for line in output.splitlines()]
+    """Output lines without the sizes in them (", 96 kB", " (48 kB)"): they differ between PostgreSQL majors; and
+    without a batch's estimated pause (", estimated write pause 56 ms"), which follows the cost constants."""
+    return [re.sub(r",? \(?[0-9.]+ (bytes|kB|MB|GB)\)?|, estimated write pause [0-9]+ ms", "", line) for line in output.splitlines()]
 
 
 #: Where a move can be stopped: before each step, and inside the copy and the pause.

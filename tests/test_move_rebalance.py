@@ -1,17 +1,20 @@
 """pgidgen rebalance: the plan, moves onto a new database, around a move in progress and retired copies."""
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import psycopg
 from click.testing import CliRunner
 from movekit import leftovers
-from moveshards import no_bytes, quick_subscription_start, rows_of, setup_shards, start_cli, state_of, wait_stopped  # noqa: F401 (an autouse fixture)
+from moveshards import journal_statuses, no_bytes, quick_subscription_start, rows_of, setup_on_one, setup_shards, start_cli, state_of, wait_stopped  # noqa: F401 (an autouse fixture)
 
 from pgidgen.cli import main
 from pgidgen.config import Config
 from pgidgen.move import cleanup, move_shard, rollback_move
-from pgidgen.move.rebalance import spread
+from pgidgen.move.rebalance import plan_rebalance, spread
+from pgidgen.ranges import expand
 from pgidgen.shardmap import read_map
 
 
@@ -27,6 +30,8 @@ def test_rebalance_onto_a_new_database(config: Config, config_file: Path) -> Non
     assert no_bytes(res.output) == [
         "db1: 4 shards -> 3 shards (0-2)", "db2: 4 shards -> 3 shards (4-6)", "db3: 0 shards -> 2 shards (3,7)",
         "move shard 3: db1 -> db3", "move shard 7: db2 -> db3",
+        "in 2 batches (one replication stream and one write pause each), at most 2 at a time:",
+        "  db1 -> db3: 1 shard (3)", "  db2 -> db3: 1 shard (7)",
     ]
     assert leftovers(config.databases) == []  # the dry run changed nothing
     res = runner.invoke(main, ["--config", str(config_file), "rebalance", "--parallel", "2", "--json", "--by", "count"])
@@ -87,6 +92,8 @@ def test_rebalance_around_a_move_in_progress_and_a_retired_copy(config: Config, 
     assert no_bytes(res.output) == [
         "db1: 4 shards -> 3 shards (0-1,3)", "db2: 4 shards -> 3 shards (4-5,7)", "db3: 0 shards -> 2 shards (2,6)",
         "move shard 2: db1 -> db3", "move shard 6: db2 -> db3",
+        "in 2 batches (one replication stream and one write pause each), at most 2 at a time:",
+        "  db1 -> db3: 1 shard (2)", "  db2 -> db3: 1 shard (6)",
         "shard 3 is in the middle of a move: left on db1 (finish it with 'pgidgen move-shard 3 --resume' or '--rollback')",
     ]
     res = runner.invoke(main, ["--config", str(config_file), "rebalance", "--by", "count"])
@@ -112,4 +119,37 @@ def test_rebalance_offline_moves_a_shard_an_online_move_refuses(config: Config, 
     assert res.exit_code == 0, res.output
     assert {n: len(s) for n, s in read_map(config).databases.items() if n != "db2"} == {"db1": 2, "db3": 2}
     assert len(rows_of(config.dsn("db3"), "shard_3", "cache")) == 5
+    assert leftovers(config.databases) == []
+
+
+def test_rebalance_dry_run_shows_the_batches_a_run_then_moves(config: Config, config_file: Path) -> None:
+    """36 shards on db1 spread over three databases: 12 moves per pair, cut as a run cuts them (by the estimate,
+    ten shards of two tables fill half of --max-pause 1s), shown in text and JSON; the run moves those batches."""
+    setup_on_one(config, 36)
+    runner = CliRunner()
+    res = runner.invoke(main, ["--config", str(config_file), "rebalance", "--by", "count", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(runner.invoke(main, ["--config", str(config_file), "rebalance", "--by", "count", "--dry-run", "--json"]).output)
+    assert leftovers(config.databases) == [] and journal_statuses(config.databases) == {}  # the dry runs changed nothing
+    plan = plan_rebalance(config, by="count")
+    batches = [(b["source"], b["target"], expand(b["shards"])) for b in data["batches"]]
+    assert data["parallel"] == 2 and [b["count"] for b in data["batches"]] == [len(s) for _, _, s in batches]
+    assert [b["bytes"] for b in data["batches"]] == [plan.bytes_of(s) for _, _, s in batches]
+    assert all(b["estimated_pause_ms"] <= 500 for b in data["batches"])  # within half of --max-pause
+    # every planned move in exactly one batch, each batch one pair's
+    assert sorted(s for _, _, shards in batches for s in shards) == [m.shard for m in plan.moves]
+    pair = {m.shard: (m.source, m.target) for m in plan.moves}
+    assert all({pair[s] for s in shards} == {(src, tgt)} for src, tgt, shards in batches)
+    assert sorted(len(s) for _, _, s in batches) == [2, 2, 10, 10], batches  # each pair in two batches
+    lines = res.output.splitlines()
+    at = lines.index("in 4 batches (one replication stream and one write pause each), at most 2 at a time:")
+    shown = [re.fullmatch(r"  (\w+) -> (\w+): (\d+) shards?, [0-9.]+ (?:bytes|kB|MB) \(([0-9,-]+)\), estimated write pause \d+ ms", ln)
+             for ln in lines[at + 1:at + 5]]
+    assert all(shown), lines[at + 1:at + 5]
+    assert [(m[1], m[2], expand(m[4])) for m in shown if m] == batches and [int(m[3]) for m in shown if m] == [len(s) for _, _, s in batches]
+    res = runner.invoke(main, ["--config", str(config_file), "rebalance", "--by", "count", "--json"])
+    assert res.exit_code == 0, res.output
+    moved = sorted((r["source"], r["target"], r["shards"]) for r in json.loads(res.output)["moves"])
+    assert moved == sorted(batches)
+    assert {n: len(s) for n, s in read_map(config).databases.items()} == {"db1": 12, "db2": 12, "db3": 12}
     assert leftovers(config.databases) == []

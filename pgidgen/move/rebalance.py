@@ -26,7 +26,7 @@ from ..ranges import collapse
 from ..sizes import human, read_sizes
 from .balance import spread_bytes
 from .context import MoveError, preflight, read_states
-from .engine import Hook, MoveOptions, MoveReport, ensure_catalog, move_shards, resume_move
+from .engine import Background, Hook, MoveOptions, MoveReport, ensure_catalog, move_shards, plan_shards, resume_move
 from .journal import has_journal
 
 
@@ -41,6 +41,26 @@ class PlannedMove:
 
 
 @dataclass
+class PlannedBatch:
+    """A batch the dry run expects: one replication stream and one write pause for its shards."""
+
+    source: str
+    target: str
+    shards: list[int]
+    bytes: int
+    pause_s: float  # estimated (batches.py)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "target": self.target, "shards": collapse(self.shards), "count": len(self.shards), "bytes": self.bytes,
+                "estimated_pause_ms": round(self.pause_s * 1000)}
+
+    def line(self) -> str:
+        n = len(self.shards)
+        return (f"  {self.source} -> {self.target}: {n} shard{'s' if n != 1 else ''}, {human(self.bytes)} ({collapse(self.shards)}),"
+                f" estimated write pause {self.pause_s * 1000:.0f} ms")
+
+
+@dataclass
 class RebalancePlan:
     before: dict[str, list[int]]
     after: dict[str, list[int]]
@@ -52,6 +72,9 @@ class RebalancePlan:
     by: str = "count"
     #: bytes on disk of every shard held (empty: not read)
     sizes: dict[int, int] = field(default_factory=dict)
+    #: the batches the moves run in, `parallel` at a time (None: not planned; see plan_batches_of)
+    batches: list[PlannedBatch] | None = None
+    parallel: int = 1
 
     @property
     def even(self) -> bool:
@@ -77,12 +100,17 @@ class RebalancePlan:
             "left_mid_move": [{"shard": s, "database": n} for s, n in sorted(self.midmove.items())],
             "blocked_by_retired_copy": [{"shard": s, "database": n} for s, n in sorted(self.blocked.items())],
             "even": self.even,
+            **({"batches": [b.as_dict() for b in self.batches], "parallel": self.parallel} if self.batches is not None else {}),
         }
 
     def lines(self) -> list[str]:
         out = [f"{n}: {self._held(self.before[n])} -> {self._held(self.after[n])} ({collapse(self.after[n]) or '-'})" for n in self.before]
         out += [f"move shard {m.shard}: {m.source} -> {m.target}" + (f" ({human(self.sizes.get(m.shard, 0))})" if self.sizes else "")
                 for m in self.moves]
+        if self.batches:
+            n = len(self.batches)
+            out.append(f"in {n} batch{'es' if n != 1 else ''} (one replication stream and one write pause each), at most {self.parallel} at a time:")
+            out += [b.line() for b in self.batches]
         out += [f"shard {s} is in the middle of a move: left on {n} (finish it with 'pgidgen move-shard {s} --resume' or '--rollback')"
                 for s, n in sorted(self.midmove.items())]
         if not self.even:
@@ -192,6 +220,15 @@ def spread(
                          moves=sorted(moves, key=lambda m: m.shard), midmove=dict(midmove or {}), blocked=blocked)
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a rebalance: the batches in flight finished (or rolled back), no other started; result is
+    what it did (the next rebalance continues)."""
+
+    def __init__(self, result: RebalanceResult) -> None:
+        super().__init__("rebalance interrupted")
+        self.result = result
+
+
 def rebalance(
     config: Config,
     databases: Sequence[str] | None = None,
@@ -205,14 +242,43 @@ def rebalance(
 ) -> RebalanceResult:
     """Run the plan's moves in batches per source -> target pair (move_shards: one replication stream and one
     cutover per batch), at most `parallel` batches at a time. Moves an earlier rebalance left unfinished (killed,
-    Ctrl-C) are finished first, from their journals; interrupted moves made by hand are left alone. Ctrl-C
-    lets the batches in flight finish and starts no other."""
-    if parallel < 1:
-        raise ConfigError(f"--parallel must be at least 1, not {parallel}")
-    resumed = _finish_interrupted(config, databases, options, on_batch)
+    Ctrl-C) are finished first, from their journals; interrupted moves made by hand are left alone.
+
+    Ctrl-C (KeyboardInterrupt, which Python raises in the main thread) lets the batches in flight finish (or roll
+    back, when their cutover does not fit) and starts no other, then raises Interrupted with what was done: the
+    moves run on other threads, so the interrupt never lands inside a step; this one only waits."""
+    _check_parallel(parallel)
+    stop = threading.Event()
+    work = Background(lambda: _rebalance(config, databases, parallel=parallel, options=options, on_done=on_done, on_batch=on_batch,
+                                         hook=hook, by=by, stop=stop))
+    while True:
+        try:
+            work.join()
+            break
+        except KeyboardInterrupt:
+            stop.set()  # and wait on: a second Ctrl-C does not cut the batches in flight short either
+    result = work.result()
+    if stop.is_set():
+        raise Interrupted(result)
+    return result
+
+
+def _rebalance(
+    config: Config,
+    databases: Sequence[str] | None,
+    *,
+    parallel: int,
+    options: MoveOptions | None,
+    on_done: Callable[[PlannedMove, MoveReport | PgidgenError], None] | None,
+    on_batch: Callable[[MoveReport | PgidgenError, list[int]], None] | None,
+    hook: Hook | None,
+    by: str,
+    stop: threading.Event,
+) -> RebalanceResult:
+    resumed = _finish_interrupted(config, databases, options, on_batch, stop)
     plan = plan_rebalance(config, databases, by=by)
     result = RebalanceResult(plan, reports=resumed)
-    if not plan.moves:
+    if not plan.moves or stop.is_set():
         return result
     layout_state, _ = read_states(config, need=tuple({m.source for m in plan.moves} | {m.target for m in plan.moves}))
     units = work_units(plan.moves, parallel)
@@ -229,7 +295,6 @@ def rebalance(
         finally:
             conn.close()
     lock = threading.Lock()
-    stop = threading.Event()
     planned = {m.shard: m for m in plan.moves}
 
     def done(report: MoveReport | PgidgenError, shards: list[int]) -> None:
@@ -246,6 +311,8 @@ def rebalance(
 
     def run(unit: tuple[str, list[int]]) -> None:
         target, shards = unit
+        if stop.is_set():
+            return
         opts = MoveOptions(**vars(options)) if options else MoveOptions()
         opts.origin = "rebalance"
         left = list(shards)
@@ -262,17 +329,29 @@ def rebalance(
             done(MoveError(f"move of shards {collapse(left)} to {target} failed: {pg_message(e)}",
                            hint=f"run 'pgidgen rebalance' again to finish it, or see 'pgidgen move-shard {left[0]} --resume'"), left)
 
-    pool = ThreadPoolExecutor(max_workers=parallel)
-    try:
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
         list(pool.map(run, units))
-    except KeyboardInterrupt:
-        stop.set()  # the batches in flight finish (or fail and stay resumable); no other starts
-        pool.shutdown(wait=True)
-        raise
-    finally:
-        pool.shutdown(wait=True)
     result.reports.sort(key=lambda r: r.shard)
     return result
+
+
+def _check_parallel(parallel: int) -> None:
+    if parallel < 1:
+        raise ConfigError(f"--parallel must be at least 1, not {parallel}")
+
+
+def plan_batches_of(config: Config, plan: RebalancePlan, *, parallel: int = 2, options: MoveOptions | None = None) -> list[PlannedBatch]:
+    """The dry run's batches: the plan's moves cut as a run cuts them (work_units, then each unit's move_shards),
+    in the order each unit runs them; nothing is written. A run cuts a unit's later batches again by the pauses it
+    measures (batches.Pacer), so those may come out fewer and larger than estimated here."""
+    _check_parallel(parallel)
+    sources = {m.shard: m.source for m in plan.moves}
+    out = []
+    for target, shards in work_units(plan.moves, parallel):
+        out += [PlannedBatch(sources[shards[0]], target, b.shards, plan.bytes_of(b.shards), b.pause_s)
+                for b in plan_shards(config, shards, target, options=options)]
+    plan.batches, plan.parallel = out, parallel
+    return out
 
 
 def work_units(moves: Sequence[PlannedMove], parallel: int) -> list[tuple[str, list[int]]]:
@@ -292,9 +371,10 @@ def work_units(moves: Sequence[PlannedMove], parallel: int) -> list[tuple[str, l
 
 def _finish_interrupted(
     config: Config, databases: Sequence[str] | None, options: MoveOptions | None,
-    on_batch: Callable[[MoveReport | PgidgenError, list[int]], None] | None,
+    on_batch: Callable[[MoveReport | PgidgenError, list[int]], None] | None, stop: threading.Event,
 ) -> list[MoveReport]:
-    """Resume the moves an earlier rebalance started and did not finish (their journals say so)."""
+    """Resume the moves an earlier rebalance started and did not finish (their journals say so), one at a time
+    until stop is set."""
     names = config.select(list(databases) if databases else None)
     states, _ = read_states(config, need=tuple(names))
     open_by_rebalance: list[int] = []
@@ -310,6 +390,8 @@ def _finish_interrupted(
             conn.close()
     reports = []
     for shard in open_by_rebalance:
+        if stop.is_set():
+            break
         opts = MoveOptions(**vars(options)) if options else MoveOptions()
         report = resume_move(config, shard, options=opts)
         reports.append(report)

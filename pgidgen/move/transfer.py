@@ -133,6 +133,10 @@ def die_with_parent() -> None:
         _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+#: Ctrl-C in a terminal signals the whole foreground process group: a pg_dump or psql there would die with the
+#: batch in flight, which rebalance lets finish. In a session of their own, only pgidgen hears it and decides.
+OWN_GROUP: dict[str, Any] = {"start_new_session": True}
+
 #: util-linux's setpriv sets that same parent-death signal and then runs the program. Python starts a child
 #: without a preexec function by vfork, in about 0.1 ms; with one it must fork this whole process (threads,
 #: connections, the interpreter's memory), 5-10 ms a child, on the copy's critical path.
@@ -140,6 +144,8 @@ _SETPRIV = shutil.which("setpriv")
 
 
 def _spawn(argv: list[str], *, dies_with_parent: bool, **kwargs: Any) -> subprocess.Popen[bytes]:
+    """A client program in a session of its own (OWN_GROUP)."""
+    kwargs.update(OWN_GROUP)
     if not dies_with_parent:
         return subprocess.Popen(argv, **kwargs)
     if _SETPRIV is not None:

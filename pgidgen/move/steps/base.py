@@ -141,6 +141,7 @@ class Background(Generic[T]):
     def __init__(self, fn: Callable[[], T]) -> None:
         self._value: T | None = None
         self._error: BaseException | None = None
+        self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
         self._thread.start()
 
@@ -149,12 +150,16 @@ class Background(Generic[T]):
             self._value = fn()
         except BaseException as e:  # noqa: BLE001 - handed to result()
             self._error = e
+        finally:
+            self._done.set()
 
     def join(self) -> None:
-        self._thread.join()
+        """Waits for fn. A Ctrl-C may interrupt it and it may be called again (a Thread.join() interrupted so can
+        return early the next time, before Python 3.13)."""
+        self._done.wait()
 
     def result(self) -> T:
-        self._thread.join()
+        self._done.wait()
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]

@@ -16,7 +16,7 @@ from ...layout import Layout
 from ...render import static_sql
 from .. import sqltext as q
 from ..context import MoveError
-from ..transfer import DUMP_OPTIONS, last_line, script_of, tool
+from ..transfer import DUMP_OPTIONS, OWN_GROUP, last_line, script_of, tool
 from .base import MoverBase
 
 
@@ -81,7 +81,7 @@ class PrepareSteps(MoverBase):
         src_dsn, src_env = tool_args(self.config.dsn(self.ctx.source))
         proc = subprocess.run(
             [tool("pg_dump"), "--section=pre-data", *(f"--schema={c.schema}" for c in self.ctxs), *DUMP_OPTIONS, "-d", src_dsn],
-            capture_output=True, env=src_env,
+            capture_output=True, env=src_env, **OWN_GROUP,
         )
         if proc.returncode != 0:
             raise MoveError(f"pg_dump of {self.ctx.schema} on {self.ctx.source} failed: {scrub(last_line(proc.stderr.decode(errors='replace')))}")

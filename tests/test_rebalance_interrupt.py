@@ -1,0 +1,129 @@
+"""Ctrl-C during `pgidgen rebalance`, as a terminal sends it: SIGINT to the whole foreground process group, so
+pgidgen's pg_dump, pg_restore and psql children get it too. The batches in flight finish (or roll back), no other
+starts, nothing is left half-done, and the next rebalance continues to the planned balance."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from movekit import Writer, leftovers
+from moveshards import journal_statuses, quick_subscription_start, rows_of, setup_on_one  # noqa: F401 (an autouse fixture)
+
+from pgidgen.config import Config
+from pgidgen.move.rebalance import plan_rebalance, work_units
+from pgidgen.shardmap import read_map
+
+pytestmark = pytest.mark.sensitive  # replication workers and signals differ between majors: runs on every one
+
+SHARDS = 60  # all on db1; by count over three databases: 40 moves, 20 per pair, each pair in several batches
+CLIENTS = ("pg_dump", "pg_restore", "psql", "setpriv")
+
+
+def children(pid: int) -> list[tuple[int, str]]:
+    """The live child processes of pid (of any of its threads), with their program names."""
+    found = []
+    for f in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            pids = f.read_text().split()
+        except OSError:
+            continue
+        for c in pids:
+            try:
+                stat = Path(f"/proc/{c}/stat").read_text()
+            except OSError:
+                continue
+            if stat[stat.rindex(")") + 2] != "Z":
+                found.append((int(c), stat[stat.index("(") + 1:stat.rindex(")")]))
+    return found
+
+
+def serving(config: Config) -> dict[int, list[str]]:
+    """shard -> the databases whose catalog has it active."""
+    out: dict[int, list[str]] = {}
+    for name, dsn in config.databases.items():
+        with psycopg.connect(dsn, autocommit=True) as c:
+            if c.execute("SELECT to_regclass('pgidgen.shards')").fetchone()[0] is None:  # type: ignore[index]
+                continue
+            for (s,) in c.execute("SELECT shard FROM pgidgen.shards WHERE state = 'active'"):
+                out.setdefault(int(s), []).append(name)
+    return out
+
+
+def pgidgen(config_file: Path, *args: str) -> subprocess.Popen[str]:
+    """pgidgen in a process group of its own (its pid is the group's id), as a shell runs a foreground job: the
+    group's SIGINT is a Ctrl-C."""
+    return subprocess.Popen([str(Path(sys.executable).parent / "pgidgen"), "--config", str(config_file), *args],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_ctrl_c_during_a_rebalance_leaves_nothing_half_done_and_the_next_one_continues(config: Config, config_file: Path) -> None:
+    setup_on_one(config, SHARDS, rows=50)
+    plan = plan_rebalance(config, by="count")
+    assert {n: len(v) for n, v in plan.after.items()} == {"db1": 20, "db2": 20, "db3": 20}
+    units = work_units(plan.moves, 2)
+    assert len(units) == 2, units  # one per pair
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        for s in (shards[0] for _, shards in units):  # a table too large to come through pgidgen: a psql streams it
+            c.execute(f"CREATE TABLE shard_{s}.big (id int PRIMARY KEY, note text)")
+            c.execute(f"INSERT INTO shard_{s}.big SELECT g, md5(g::text) FROM generate_series(1, 30000) g")
+    # writers on each pair's first shard (in the first batches, in flight at the Ctrl-C), its last (moved by the
+    # second run) and on a shard that stays
+    watched = sorted({0, *(shards[0] for _, shards in units), *(shards[-1] for _, shards in units)})
+    before = {s: rows_of(config.dsn("db1"), f"shard_{s}") for s in watched}
+    writers = {s: Writer(config.databases, s) for s in watched}
+    for w in writers.values():
+        w.start()
+    try:
+        proc = pgidgen(config_file, "rebalance", "--by", "count", "--parallel", "2")
+        try:
+            caught: list[tuple[int, str]] = []
+            while proc.poll() is None:
+                kids = [k for k in children(proc.pid) if k[1] in CLIENTS]
+                if kids and (st := journal_statuses(config.databases)).get("running") and not st.get("done"):  # each pair's first batch
+                    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+                    caught = kids
+                    break
+                time.sleep(0.001)
+            out, err = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert caught, f"the first batches ended before one was seen in flight with a client program running:\n{err}"
+        assert proc.returncode == 1, (proc.returncode, out, err)
+        assert "Traceback" not in err and "FAILED" not in err, err
+        errors = [ln for ln in err.splitlines() if ln.startswith("Error:")]
+        assert errors == [ln for ln in err.splitlines() if not ln.startswith("shards ")] and len(errors) == 1, err
+        assert errors[0].startswith("Error: rebalance interrupted: "), errors
+        # nothing half-done: every journaled move finished, no replication object left, one server per shard
+        assert set(journal_statuses(config.databases)) <= {"done", "rolled_back"}, journal_statuses(config.databases)
+        assert leftovers(config.databases) == []
+        held = serving(config)
+        assert sorted(held) == list(range(SHARDS)) and all(len(v) == 1 for v in held.values()), held
+        m = read_map(config)
+        assert m.ok and {s: [n] for n, shards in m.databases.items() for s in shards} == held
+        moved = len(m.databases["db2"]) + len(m.databases["db3"])
+        assert 0 < moved < len(plan.moves), f"the Ctrl-C stopped the rebalance part-way: {moved} of {len(plan.moves)} moved"
+        # the next rebalance continues to the planned balance
+        again = pgidgen(config_file, "rebalance", "--by", "count", "--parallel", "2")
+        out, err = again.communicate(timeout=600)
+        assert again.returncode == 0, (out, err)
+    finally:
+        for w in writers.values():
+            w.stop()
+    m = read_map(config)
+    assert m.ok and {n: len(v) for n, v in m.databases.items()} == {"db1": 20, "db2": 20, "db3": 20}
+    assert sorted(m.databases["db1"]) == plan.after["db1"]
+    assert set(journal_statuses(config.databases)) <= {"done"} and leftovers(config.databases) == []
+    for s, w in writers.items():
+        [where] = serving(config)[s]
+        ids = [r[0] for r in rows_of(config.dsn(where), f"shard_{s}")]
+        assert len(w.ids) > 0 and len(set(w.ids)) == len(w.ids), f"shard {s}: an ID acknowledged twice"
+        assert w.ids == sorted(w.ids), f"shard {s}: IDs after its move are not greater than those before"
+        assert sorted(ids) == sorted([r[0] for r in before[s]] + w.ids), f"shard {s}: rows lost or duplicated"
