@@ -24,25 +24,48 @@ from pgidgen.shardmap import read_map
 
 SHARDS = 16
 BIG = int(os.environ.get("BENCH_ROUTING_SHARDS", "2000"))
-N = int(os.environ.get("BENCH_ROUTING_N", "1000"))
+N = int(os.environ.get("BENCH_ROUTING_N", "6000"))
+CHUNK = 50
 ROUNDS = int(os.environ.get("BENCH_RUNS", "3"))
 THREADS = 4
 INSERT = "INSERT INTO items (k) VALUES (%s) RETURNING id"
 SELECT = "SELECT k FROM items WHERE id = %s"
 
 
-def per_op(threads: int, n: int, op_factory: Callable[[], Callable[[int], Any]]) -> float:
-    """Microseconds per operation: the median latency with one thread, wall time / operations with several."""
-    ops = [op_factory() for _ in range(threads)]
+def interleaved(threads: int, n: int, factories: dict[str, Callable[[], Callable[[int], Any]]]) -> dict[str, float]:
+    """Microseconds per operation of each factory's operation, measured in turns of CHUNK operations (plain,
+    routed, plain, ...) so that the load of a shared machine falls on all of them alike: with one thread the
+    median latency of all of its operations, and (key + ' cpu') the median over turns of this process's CPU time
+    per operation (user and system: what the client itself spends, which the server's scheduling does not
+    change); with several threads, the median over turns of wall time / operations."""
+    ops = {k: [f() for _ in range(threads)] for k, f in factories.items()}
+    samples: dict[str, list[float]] = {k: [] for k in factories}
+    cpu: dict[str, list[float]] = {k: [] for k in factories}
+    for _ in range(max(1, n // CHUNK)):
+        for k in factories:
+            c0 = time.process_time()
+            samples[k].extend(_turn(threads, ops[k]))
+            cpu[k].append((time.process_time() - c0) / CHUNK)
+    out = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
+    if threads == 1:
+        out.update({f"{k} cpu": statistics.median(v) * 1e6 for k, v in cpu.items()})
+    return out
+
+
+def _turn(threads: int, ops: list[Callable[[int], Any]]) -> list[float]:
+    if threads == 1:
+        op, out = ops[0], []
+        for i in range(CHUNK):
+            t0 = time.perf_counter()
+            op(i)
+            out.append(time.perf_counter() - t0)
+        return out
     barrier = threading.Barrier(threads + 1)
-    latencies: list[float] = []
 
     def worker(op: Callable[[int], Any]) -> None:
         barrier.wait()
-        for i in range(n):
-            t0 = time.perf_counter()
+        for i in range(CHUNK):
             op(i)
-            latencies.append(time.perf_counter() - t0)
 
     ts = [threading.Thread(target=worker, args=(op,)) for op in ops]
     for t in ts:
@@ -51,9 +74,7 @@ def per_op(threads: int, n: int, op_factory: Callable[[], Callable[[int], Any]])
     t0 = time.perf_counter()
     for t in ts:
         t.join()
-    if threads == 1:
-        return statistics.median(latencies) * 1e6
-    return (time.perf_counter() - t0) / (threads * n) * 1e6
+    return [(time.perf_counter() - t0) / (threads * CHUNK)]
 
 
 def compare(label: str, config: Config, plain_dsn: str, some_id: int, **plain_kwargs: Any) -> None:
@@ -78,25 +99,25 @@ def compare(label: str, config: Config, plain_dsn: str, some_id: int, **plain_kw
         def routed_reader() -> Callable[[int], Any]:
             return lambda i: router.run(5, lambda c: c.execute(SELECT, (some_id,)).fetchone(), read_only=True)
 
-        section(f"{label}: one INSERT ... RETURNING id or one SELECT by id per transaction, shard 5: 1 thread median latency, {THREADS} threads wall/op (us, median of {ROUNDS} rounds)")
+        section(f"{label}: one INSERT ... RETURNING id or one SELECT by id per transaction, shard 5: 1 thread median latency,"
+                f" {THREADS} threads median wall/op of turns (us; {N} operations each, in turns of {CHUNK} interleaved)")
         for threads in (1, THREADS):
-            samples: dict[str, list[float]] = {"bw": [], "rw": [], "br": [], "rr": []}
-            for _ in range(ROUNDS):  # interleaved, medians: the machine is shared and noisy
-                samples["bw"].append(per_op(threads, N, plain_writer))
-                samples["rw"].append(per_op(threads, N, routed_writer))
-                samples["br"].append(per_op(threads, N, plain_reader))
-                samples["rr"].append(per_op(threads, N, routed_reader))
-            base_w, routed_w, base_r, routed_r = (statistics.median(samples[k]) for k in ("bw", "rw", "br", "rr"))
-            row(f"{threads} thread(s): plain psycopg write", base_w, "us")
-            row(f"{threads} thread(s): Router.run write", routed_w, "us", base_w, "of plain")
-            row(f"{threads} thread(s): plain psycopg read", base_r, "us")
-            row(f"{threads} thread(s): Router.run read_only", routed_r, "us", base_r, "of plain")
+            m = interleaved(threads, N, {"bw": plain_writer, "rw": routed_writer, "br": plain_reader, "rr": routed_reader})
+            row(f"{threads} thread(s): plain psycopg write", m["bw"], "us")
+            row(f"{threads} thread(s): Router.run write", m["rw"], "us", m["bw"], "of plain")
+            row(f"{threads} thread(s): plain psycopg read", m["br"], "us")
+            row(f"{threads} thread(s): Router.run read_only", m["rr"], "us", m["br"], "of plain")
+            if threads == 1:
+                row("1 thread: client CPU, plain write", m["bw cpu"], "us")
+                row("1 thread: client CPU, Router.run write", m["rw cpu"], "us", m["bw cpu"], "of plain")
+                row("1 thread: client CPU, plain read", m["br cpu"], "us")
+                row("1 thread: client CPU, Router.run read_only", m["rr cpu"], "us", m["br cpu"], "of plain")
         if label == "direct":
 
             def routed_locate() -> Callable[[int], Any]:
                 return lambda i: router.database_for(router.shard_for(i))
 
-            row("shard_for + database_for (cached map)", per_op(1, N * 10, routed_locate), "us")
+            row("shard_for + database_for (cached map)", interleaved(1, N, {"l": routed_locate})["l"], "us")
 
 
 def run() -> None:
