@@ -12,6 +12,7 @@ from test_routing import count, hand_move, insert, router, sharded  # noqa: F401
 
 from pgidgen.config import Config
 from pgidgen.errors import ShardMovedError
+from pgidgen.idgen import CLAIM_LOCK_BASE, LOCK_CLASS
 from pgidgen.routing import Router
 
 
@@ -66,9 +67,11 @@ def test_every_way_a_statement_starts_claims_first(router: Router, sharded: Conf
         else:
             conn.cursor().executemany("INSERT INTO items (k, note) VALUES (6, %s)", [(way,)])
         held = conn.execute(
-            "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'transactionid'"
+            "SELECT count(*) FILTER (WHERE locktype = 'transactionid'),"
+            " count(*) FILTER (WHERE locktype = 'advisory' AND mode = 'ShareLock' AND classid = %s AND objid = %s)"
+            " FROM pg_locks WHERE pid = pg_backend_pid()", (LOCK_CLASS, CLAIM_LOCK_BASE - 6 + 2**32),
         ).fetchone()
-        assert held == (1,)  # one transaction, the claim's row lock in it
+        assert held == (1, 1)  # one transaction, the claim's lock held in it
         assert conn.execute("SHOW search_path").fetchone() == ('"shard_6", "public"',)
     with psycopg.connect(sharded.dsn("db2")) as c:
         assert c.execute("SELECT note FROM shard_6.items").fetchall() == [(way,)]
@@ -128,3 +131,30 @@ def test_a_first_statement_without_parameters_may_hold_several(router: Router, s
         with router.transaction(7) as conn:
             conn.execute("INSERT INTO items (k) VALUES (7)")
     assert count(sharded.dsn("db1"), "shard_7") == 0
+
+
+@pytest.mark.parametrize("way", ["DEALLOCATE ALL first", "DEALLOCATE the claim by name"])
+def test_a_unit_that_deallocates_does_not_break_the_next(sharded: Config, way: str) -> None:
+    """The claim is prepared once per connection. A unit that drops prepared statements (DEALLOCATE ALL as its
+    first statement, sent with the claim in one simple query; or the claim's statement by name, which psycopg's
+    cache never notices) must not make the next unit on that connection fail with 26000: the cache forgets what
+    the server dropped, or the claim is prepared again, in the same unit of work, before anything of it runs."""
+    with Router(sharded, listen=False, min_size=1, max_size=1) as r:
+        with r._connection("db1") as conn:  # the pool's only connection
+            pass
+        r.run(2, insert(2, "claim prepared"))
+
+        def drop(c: psycopg.Connection[Any]) -> None:
+            if way == "DEALLOCATE ALL first":
+                c.execute("DEALLOCATE ALL")
+            else:
+                row = c.execute("SELECT name FROM pg_prepared_statements WHERE statement LIKE %s", ("%claim_shard%",)).fetchone()
+                assert row is not None
+                c.execute(psycopg.sql.SQL("DEALLOCATE {}").format(psycopg.sql.Identifier(row[0])))
+
+        for i in range(2):
+            r.run(2, drop)
+            trips = round_trips(conn, lambda: r.run(2, insert(2, f"after {i}")))
+            if way == "DEALLOCATE ALL first":  # the cache saw it: no failed attempt to roll back
+                assert not [t for t in trips if "ROLLBACK" in t], trips
+    assert count(sharded.dsn("db1"), "shard_2") == 3
