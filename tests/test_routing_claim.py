@@ -158,3 +158,33 @@ def test_a_unit_that_deallocates_does_not_break_the_next(sharded: Config, way: s
             if way == "DEALLOCATE ALL first":  # the cache saw it: no failed attempt to roll back
                 assert not [t for t in trips if "ROLLBACK" in t], trips
     assert count(sharded.dsn("db1"), "shard_2") == 3
+
+
+def test_a_router_on_a_repeatable_read_database_retries_a_write_the_flip_stopped(sharded: Config) -> None:
+    """With default_transaction_isolation = 'repeatable read' set on the database, the Router's BEGIN starts a
+    REPEATABLE READ transaction: a write that waited for the flip fails its claim with 40001, which the Router
+    checks against the shard's row, reports as a move (nothing written) and runs again where the shard went."""
+    import threading
+
+    from psycopg import sql
+    from test_routing import _wait_for_lock_wait
+
+    with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+        name = c.execute("SELECT current_database()").fetchone()[0]
+        c.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'").format(sql.Identifier(name)))
+    outcome: dict[str, Any] = {}
+    with Router(sharded, listen=False, retry_for=10.0) as r:
+        r.run(1, lambda c: outcome.setdefault("isolation", c.execute("SHOW transaction_isolation").fetchone()[0]))
+
+        def during() -> None:
+            t = threading.Thread(target=lambda: outcome.setdefault("id", r.run(1, insert(1, "during cutover"))))
+            outcome["thread"] = t
+            t.start()
+            _wait_for_lock_wait(sharded.dsn("db1"))
+
+        retired = hand_move(sharded, 1, "db1", "db3", after_lock=during)
+        outcome["thread"].join(15)
+        assert outcome["isolation"] == "repeatable read" and r.stats["moved"] >= 1 and "id" in outcome, (outcome, r.stats)
+    assert count(sharded.dsn("db1"), retired) == 0
+    with psycopg.connect(sharded.dsn("db3")) as conn:
+        assert conn.execute("SELECT id, note FROM shard_1.items").fetchall() == [(outcome["id"], "during cutover")]
