@@ -48,7 +48,7 @@ def test_a_single_statement_unit_is_two_round_trips(sharded: Config) -> None:
     assert count(sharded.dsn("db1"), "shard_2") == 2
 
 
-@pytest.mark.parametrize("way", ["copy", "server cursor", "nested transaction", "client cursor", "executemany"])
+@pytest.mark.parametrize("way", ["copy", "server cursor", "nested transaction", "client cursor", "executemany", "pipeline"])
 def test_every_way_a_statement_starts_claims_first(router: Router, sharded: Config, way: str) -> None:
     with router.transaction(6) as conn:
         if way == "copy":
@@ -64,6 +64,9 @@ def test_every_way_a_statement_starts_claims_first(router: Router, sharded: Conf
                 conn.execute("INSERT INTO items (k, note) VALUES (6, %s)", (way,))
         elif way == "client cursor":
             psycopg.ClientCursor(conn).execute("INSERT INTO items (k, note) VALUES (6, %s)", (way,))
+        elif way == "pipeline":
+            with conn.pipeline():
+                conn.execute("INSERT INTO items (k, note) VALUES (6, %s)", (way,))
         else:
             conn.cursor().executemany("INSERT INTO items (k, note) VALUES (6, %s)", [(way,)])
         held = conn.execute(
@@ -89,6 +92,16 @@ def test_no_commit_inside_a_unit_and_a_failed_claim_runs_nothing(router: Router,
         with router.transaction(3) as conn:  # the stale route: the claim fails in the same pipeline as the INSERT
             conn.execute("INSERT INTO items (k) VALUES (3)")
     assert count(sharded.dsn("db1"), retired) == 0 and count(sharded.dsn("db3"), "shard_3") == 0
+    with Router(sharded, listen=False) as r2:  # a stale route again, and the application's own pipeline
+        r2.route(0)
+        retired = hand_move(sharded, 0, "db1", "db3")
+        with pytest.raises(ShardMovedError):
+            with r2.transaction(0) as conn:
+                with conn.pipeline() as p:
+                    conn.execute("INSERT INTO items (k) VALUES (0)")
+                    p.sync()
+                    conn.execute("INSERT INTO items (k) VALUES (0)")
+    assert count(sharded.dsn("db1"), retired) == 0 and count(sharded.dsn("db3"), "shard_0") == 0
 
 
 def test_threads_share_one_connection_without_waiting_for_the_timeout(sharded: Config) -> None:
