@@ -93,7 +93,9 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         # behind BEGIN and the claim in the same message
         pgconn.send_query(b"BEGIN; " + claim.text + b"; " + pgq.query)
         results = yield from generators.execute(pgconn)
-        self._conn._prepared._should_discard(Prepare.NO, results)  # DEALLOCATE ALL, DISCARD ALL, ROLLBACK, DROP, ALTER
+        discard = getattr(self._conn._prepared, "_should_discard", None)  # where psycopg has it (else: the retry below)
+        if discard is not None:
+            discard(Prepare.NO, results)  # DEALLOCATE ALL, ROLLBACK, DROP, ALTER: what the server forgot or may plan anew
         head, results = results[:2], results[2:]
         _raise_first(head, pgconn)
         self._check_results(results)
