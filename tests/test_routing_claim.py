@@ -167,10 +167,10 @@ def test_a_unit_that_deallocates_does_not_break_the_next(sharded: Config, way: s
 
         for i in range(2):
             r.run(2, drop)
-            trips = round_trips(conn, lambda: r.run(2, insert(2, f"after {i}")))
+            trips = round_trips(conn, lambda: [r.run(2, insert(2, f"after {i}.{j}")) for j in range(2)])
             if way == "DEALLOCATE ALL first":  # the cache saw it: no failed attempt to roll back
-                assert not [t for t in trips if "ROLLBACK" in t], trips
-    assert count(sharded.dsn("db1"), "shard_2") == 3
+                assert not [t for t in trips if "ROLLBACK" in t or "DEALLOCATE" in t], trips
+    assert count(sharded.dsn("db1"), "shard_2") == 5
 
 
 def test_a_router_on_a_repeatable_read_database_retries_a_write_the_flip_stopped(sharded: Config) -> None:
@@ -201,3 +201,22 @@ def test_a_router_on_a_repeatable_read_database_retries_a_write_the_flip_stopped
     assert count(sharded.dsn("db1"), retired) == 0
     with psycopg.connect(sharded.dsn("db3")) as conn:
         assert conn.execute("SELECT id, note FROM shard_1.items").fetchall() == [(outcome["id"], "during cutover")]
+
+
+def test_a_claim_refused_on_its_first_prepared_run_leaves_the_connection_usable(sharded: Config) -> None:
+    """The claim is prepared with the first unit that has parameters; refused there (PGR01: a stale route), the
+    statement after it does not run, the unit is a ShardMovedError, and the connection's statement cache and the
+    server still agree: the next units on that connection (another shard of the same database) prepare and run."""
+    with Router(sharded, listen=False, min_size=1, max_size=1) as r:
+        r.route(3)
+        retired = hand_move(sharded, 3, "db1", "db3")
+        with pytest.raises(ShardMovedError):
+            with r.transaction(3) as conn:
+                conn.execute("INSERT INTO items (k, note) VALUES (%s, %s)", (3, "stale"))
+        for n in range(3):
+            r.run(2, insert(2, f"after {n}"))
+        with r._connection("db1") as conn:
+            names = conn.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ("%claim_shard%",)).fetchone()[0]
+    assert names >= 1  # prepared again, and in use
+    assert count(sharded.dsn("db1"), retired) == 0 and count(sharded.dsn("db3"), "shard_3") == 0
+    assert count(sharded.dsn("db1"), "shard_2") == 3

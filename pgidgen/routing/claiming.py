@@ -101,6 +101,9 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         self._check_results(results)
         self._set_results(results)
         self._last_query = query
+        # now, as psycopg does after each statement: a DEALLOCATE ALL left for later would drop the claim the next
+        # unit prepares again
+        yield from self._conn._prepared.maintain_gen(self._conn)
         return
     prepared = self._conn._prepared
     cprep, cname = prepared.get(claim, True)  # type: ignore[arg-type]
