@@ -220,3 +220,38 @@ def test_a_claim_refused_on_its_first_prepared_run_leaves_the_connection_usable(
     assert names >= 1  # prepared again, and in use
     assert count(sharded.dsn("db1"), retired) == 0 and count(sharded.dsn("db3"), "shard_3") == 0
     assert count(sharded.dsn("db1"), "shard_2") == 3
+
+
+@pytest.mark.parametrize("isolation", ["READ COMMITTED", "REPEATABLE READ"])
+def test_a_claim_that_waited_for_a_cutover_that_gave_up_goes_on(sharded: Config, isolation: str) -> None:
+    """The other side of the flip test in test_routing.py: a cutover that took the claim lock and the row, then
+    rolled back (--max-pause ran out, the catch-up failed), changed nothing; the claims that waited for it pass,
+    under REPEATABLE READ too (the row was locked, not updated: no 40001)."""
+    import threading
+
+    from psycopg import sql
+    from test_routing import _wait_for_lock_wait
+
+    from pgidgen.db import execute_script
+    from pgidgen.move.sqltext import freeze_sql
+
+    outcome: dict[str, Any] = {}
+    with psycopg.connect(sharded.dsn("db1")) as mover:
+        execute_script(mover, freeze_sql([0, 1], [], 30_000))
+
+        def claim() -> None:
+            with psycopg.connect(sharded.dsn("db1")) as conn:
+                conn.execute(sql.SQL("SET TRANSACTION ISOLATION LEVEL {}").format(sql.SQL(isolation)))
+                try:
+                    outcome["claimed"] = conn.execute("SELECT pgidgen.claim_shard(1)").fetchone()
+                    conn.execute("INSERT INTO shard_1.items (k, note) VALUES (1, 'after the cutover gave up')")
+                except psycopg.Error as e:
+                    outcome["sqlstate"] = e.sqlstate
+
+        t = threading.Thread(target=claim)
+        t.start()
+        _wait_for_lock_wait(sharded.dsn("db1"))
+        mover.rollback()
+        t.join(20)
+    assert outcome == {"claimed": ("shard_1",)}, outcome
+    assert count(sharded.dsn("db1"), "shard_1") == 1
