@@ -255,3 +255,30 @@ def test_a_claim_that_waited_for_a_cutover_that_gave_up_goes_on(sharded: Config,
         t.join(20)
     assert outcome == {"claimed": ("shard_1",)}, outcome
     assert count(sharded.dsn("db1"), "shard_1") == 1
+
+
+@pytest.mark.parametrize("first", ["with parameters (the claim prepared)", "without (one simple query)"])
+def test_a_database_without_claim_shard_is_named_and_the_connection_recovers(sharded: Config, first: str) -> None:
+    """The claim's first, prepared run fails at its Parse (42883): the unit says which database lacks it and what
+    to run, writes nothing, and once the catalog is back the same connection claims again."""
+    from pgidgen.errors import DatabaseError
+    from pgidgen.render import static_sql
+
+    with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+        c.execute("DROP FUNCTION pgidgen.claim_shard(integer, boolean)")
+
+    def write(c: psycopg.Connection[Any]) -> None:
+        if first.startswith("with"):
+            c.execute("INSERT INTO items (k, note) VALUES (%s, %s)", (2, "unclaimed"))
+        else:
+            c.execute("INSERT INTO items (k, note) VALUES (2, 'unclaimed')")
+
+    with Router(sharded, listen=False, min_size=1, max_size=1) as r:
+        with pytest.raises(DatabaseError, match="database db1 has a pgidgen catalog without pgidgen.claim_shard()"):
+            r.run(2, write)
+        assert count(sharded.dsn("db1"), "shard_2") == 0
+        with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+            c.execute(static_sql("catalog.sql"))
+        for n in range(3):
+            r.run(2, insert(2, f"claimed {n}"))
+    assert count(sharded.dsn("db1"), "shard_2") == 3
