@@ -12,6 +12,7 @@ from pgidgen import pgbin
 from pgidgen.catalog import read_state
 from pgidgen.cli import main
 from pgidgen.config import Config, write_config
+from pgidgen.db import execute_script
 from pgidgen.init import init, offline_plan, render_init, spread
 from pgidgen.layout import Layout
 
@@ -464,3 +465,43 @@ def test_init_names_a_shard_whose_schema_was_dropped(config: Config, config_file
         c.execute("DROP SCHEMA shard_2 CASCADE")
     r = run_cli(config_file, "init", "--shards", "4", "--databases", "db1")
     assert r.exit_code == 1 and "database db1 lists shard 2 in its catalog, but its schema is missing" in r.output, r.output
+
+
+#: pgidgen.claim_shard as catalog revision 3 had it: a write claim locks the shard's row FOR SHARE.
+CLAIM_REVISION_3 = """
+CREATE OR REPLACE FUNCTION pgidgen.claim_shard(shard integer, for_write boolean DEFAULT true) RETURNS name
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE st text; s name;
+BEGIN  -- (its NULL checks and messages left out)
+    IF for_write THEN
+        SELECT state, schema_name INTO st, s FROM pgidgen.shards WHERE shards.shard = claim_shard.shard FOR SHARE;
+    ELSE
+        SELECT state, schema_name INTO st, s FROM pgidgen.shards WHERE shards.shard = claim_shard.shard;
+    END IF;
+    IF st IS NULL OR st NOT IN ('active', 'moving') THEN RAISE EXCEPTION 'not served' USING ERRCODE = 'PGR01'; END IF;
+    RETURN s;
+END $$;
+COMMENT ON FUNCTION pgidgen.min_id(timestamptz) IS 'pgidgen catalog revision 3';
+"""
+
+
+def test_a_revision_3_catalog_gets_the_advisory_claim(config: Config, config_file: Path) -> None:
+    """claim_shard changed from a row lock to the advisory claim lock in revision 4: a database initialised before
+    keeps its old claim (still safe: the cutover takes the row FOR UPDATE too) until init or a move brings it up."""
+    from pgidgen.idgen import CLAIM_LOCK_BASE, LOCK_CLASS
+
+    init(config, 4, ["db1"])
+    held = ("SELECT count(*) FILTER (WHERE locktype = 'advisory' AND classid = %s AND objid = %s),"
+            " count(*) FILTER (WHERE locktype = 'transactionid') FROM pg_locks WHERE pid = pg_backend_pid()")
+    key = (LOCK_CLASS, CLAIM_LOCK_BASE - 1 + 2**32)
+    with psycopg.connect(config.dsn("db1")) as c:
+        execute_script(c, CLAIM_REVISION_3)
+        c.commit()
+        c.execute("SELECT pgidgen.claim_shard(1)")
+        assert c.execute(held, key).fetchone() == (0, 1)  # the old claim: a row lock, an XID
+        c.rollback()
+    r = run_cli(config_file, "init", "--shards", "4", "--databases", "db1")
+    assert r.exit_code == 0 and "db1: catalog upgraded to revision 4" in r.output, r.output
+    with psycopg.connect(config.dsn("db1")) as c:
+        c.execute("SELECT pgidgen.claim_shard(1)")
+        assert c.execute(held, key).fetchone() == (1, 0)

@@ -180,3 +180,16 @@ def test_sqlalchemy_writer_through_pgbouncer_during_a_move(mode: str, sharded: C
     finally:
         bouncer.stop()
     assert_all_there(sharded, ids, errors)
+
+
+def test_sqlalchemy_refuses_to_claim_a_write_in_autocommit_mode(sharded: Config) -> None:
+    """In AUTOCOMMIT mode every statement is a transaction of its own: the claim's lock would end with the claim,
+    and the writes after it would not be held off a flip. Refused before anything is written."""
+    with Router(sharded, listen=False) as router:
+        sharding = Sharding(router, isolation_level="AUTOCOMMIT")
+        try:
+            with pytest.raises(RoutingError, match="AUTOCOMMIT mode, where the claim protects nothing"):
+                sharding.run(SHARD, add(-3))
+            assert sharding.run(SHARD, lambda s: s.scalar(select(func.count()).select_from(Row)), read_only=True) == 50
+        finally:
+            sharding.dispose()

@@ -12,6 +12,7 @@ from test_routing import count, hand_move, insert, router, sharded  # noqa: F401
 
 from pgidgen.config import Config
 from pgidgen.errors import ShardMovedError
+from pgidgen.idgen import CLAIM_LOCK_BASE, LOCK_CLASS
 from pgidgen.routing import Router
 
 
@@ -47,7 +48,7 @@ def test_a_single_statement_unit_is_two_round_trips(sharded: Config) -> None:
     assert count(sharded.dsn("db1"), "shard_2") == 2
 
 
-@pytest.mark.parametrize("way", ["copy", "server cursor", "nested transaction", "client cursor", "executemany"])
+@pytest.mark.parametrize("way", ["copy", "server cursor", "nested transaction", "client cursor", "executemany", "pipeline"])
 def test_every_way_a_statement_starts_claims_first(router: Router, sharded: Config, way: str) -> None:
     with router.transaction(6) as conn:
         if way == "copy":
@@ -63,12 +64,17 @@ def test_every_way_a_statement_starts_claims_first(router: Router, sharded: Conf
                 conn.execute("INSERT INTO items (k, note) VALUES (6, %s)", (way,))
         elif way == "client cursor":
             psycopg.ClientCursor(conn).execute("INSERT INTO items (k, note) VALUES (6, %s)", (way,))
+        elif way == "pipeline":
+            with conn.pipeline():
+                conn.execute("INSERT INTO items (k, note) VALUES (6, %s)", (way,))
         else:
             conn.cursor().executemany("INSERT INTO items (k, note) VALUES (6, %s)", [(way,)])
         held = conn.execute(
-            "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'transactionid'"
+            "SELECT count(*) FILTER (WHERE locktype = 'transactionid'),"
+            " count(*) FILTER (WHERE locktype = 'advisory' AND mode = 'ShareLock' AND classid = %s AND objid = %s)"
+            " FROM pg_locks WHERE pid = pg_backend_pid()", (LOCK_CLASS, CLAIM_LOCK_BASE - 6 + 2**32),
         ).fetchone()
-        assert held == (1,)  # one transaction, the claim's row lock in it
+        assert held == (1, 1)  # one transaction, the claim's lock held in it
         assert conn.execute("SHOW search_path").fetchone() == ('"shard_6", "public"',)
     with psycopg.connect(sharded.dsn("db2")) as c:
         assert c.execute("SELECT note FROM shard_6.items").fetchall() == [(way,)]
@@ -86,6 +92,16 @@ def test_no_commit_inside_a_unit_and_a_failed_claim_runs_nothing(router: Router,
         with router.transaction(3) as conn:  # the stale route: the claim fails in the same pipeline as the INSERT
             conn.execute("INSERT INTO items (k) VALUES (3)")
     assert count(sharded.dsn("db1"), retired) == 0 and count(sharded.dsn("db3"), "shard_3") == 0
+    with Router(sharded, listen=False) as r2:  # a stale route again, and the application's own pipeline
+        r2.route(0)
+        retired = hand_move(sharded, 0, "db1", "db3")
+        with pytest.raises(ShardMovedError):
+            with r2.transaction(0) as conn:
+                with conn.pipeline() as p:
+                    conn.execute("INSERT INTO items (k) VALUES (0)")
+                    p.sync()
+                    conn.execute("INSERT INTO items (k) VALUES (0)")
+    assert count(sharded.dsn("db1"), retired) == 0 and count(sharded.dsn("db3"), "shard_0") == 0
 
 
 def test_threads_share_one_connection_without_waiting_for_the_timeout(sharded: Config) -> None:
@@ -128,3 +144,141 @@ def test_a_first_statement_without_parameters_may_hold_several(router: Router, s
         with router.transaction(7) as conn:
             conn.execute("INSERT INTO items (k) VALUES (7)")
     assert count(sharded.dsn("db1"), "shard_7") == 0
+
+
+@pytest.mark.parametrize("way", ["DEALLOCATE ALL first", "DEALLOCATE the claim by name"])
+def test_a_unit_that_deallocates_does_not_break_the_next(sharded: Config, way: str) -> None:
+    """The claim is prepared once per connection. A unit that drops prepared statements (DEALLOCATE ALL as its
+    first statement, sent with the claim in one simple query; or the claim's statement by name, which psycopg's
+    cache never notices) must not make the next unit on that connection fail with 26000: the cache forgets what
+    the server dropped, or the claim is prepared again, in the same unit of work, before anything of it runs."""
+    with Router(sharded, listen=False, min_size=1, max_size=1) as r:
+        with r._connection("db1") as conn:  # the pool's only connection
+            pass
+        r.run(2, insert(2, "claim prepared"))
+
+        def drop(c: psycopg.Connection[Any]) -> None:
+            if way == "DEALLOCATE ALL first":
+                c.execute("DEALLOCATE ALL")
+            else:
+                row = c.execute("SELECT name FROM pg_prepared_statements WHERE statement LIKE %s", ("%claim_shard%",)).fetchone()
+                assert row is not None
+                c.execute(psycopg.sql.SQL("DEALLOCATE {}").format(psycopg.sql.Identifier(row[0])))
+
+        for i in range(2):
+            r.run(2, drop)
+            trips = round_trips(conn, lambda: [r.run(2, insert(2, f"after {i}.{j}")) for j in range(2)])
+            if way == "DEALLOCATE ALL first":  # the cache saw it: no failed attempt to roll back
+                assert not [t for t in trips if "ROLLBACK" in t or "DEALLOCATE" in t], trips
+    assert count(sharded.dsn("db1"), "shard_2") == 5
+
+
+def test_a_router_on_a_repeatable_read_database_retries_a_write_the_flip_stopped(sharded: Config) -> None:
+    """With default_transaction_isolation = 'repeatable read' set on the database, the Router's BEGIN starts a
+    REPEATABLE READ transaction: a write that waited for the flip fails its claim with 40001, which the Router
+    checks against the shard's row, reports as a move (nothing written) and runs again where the shard went."""
+    import threading
+
+    from psycopg import sql
+    from test_routing import _wait_for_lock_wait
+
+    with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+        name = c.execute("SELECT current_database()").fetchone()[0]
+        c.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'").format(sql.Identifier(name)))
+    outcome: dict[str, Any] = {}
+    with Router(sharded, listen=False, retry_for=10.0) as r:
+        r.run(1, lambda c: outcome.setdefault("isolation", c.execute("SHOW transaction_isolation").fetchone()[0]))
+
+        def during() -> None:
+            t = threading.Thread(target=lambda: outcome.setdefault("id", r.run(1, insert(1, "during cutover"))))
+            outcome["thread"] = t
+            t.start()
+            _wait_for_lock_wait(sharded.dsn("db1"))
+
+        retired = hand_move(sharded, 1, "db1", "db3", after_lock=during)
+        outcome["thread"].join(15)
+        assert outcome["isolation"] == "repeatable read" and r.stats["moved"] >= 1 and "id" in outcome, (outcome, r.stats)
+    assert count(sharded.dsn("db1"), retired) == 0
+    with psycopg.connect(sharded.dsn("db3")) as conn:
+        assert conn.execute("SELECT id, note FROM shard_1.items").fetchall() == [(outcome["id"], "during cutover")]
+
+
+def test_a_claim_refused_on_its_first_prepared_run_leaves_the_connection_usable(sharded: Config) -> None:
+    """The claim is prepared with the first unit that has parameters; refused there (PGR01: a stale route), the
+    statement after it does not run, the unit is a ShardMovedError, and the connection's statement cache and the
+    server still agree: the next units on that connection (another shard of the same database) prepare and run."""
+    with Router(sharded, listen=False, min_size=1, max_size=1) as r:
+        r.route(3)
+        retired = hand_move(sharded, 3, "db1", "db3")
+        with pytest.raises(ShardMovedError):
+            with r.transaction(3) as conn:
+                conn.execute("INSERT INTO items (k, note) VALUES (%s, %s)", (3, "stale"))
+        for n in range(3):
+            r.run(2, insert(2, f"after {n}"))
+        with r._connection("db1") as conn:
+            names = conn.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ("%claim_shard%",)).fetchone()[0]
+    assert names >= 1  # prepared again, and in use
+    assert count(sharded.dsn("db1"), retired) == 0 and count(sharded.dsn("db3"), "shard_3") == 0
+    assert count(sharded.dsn("db1"), "shard_2") == 3
+
+
+@pytest.mark.parametrize("isolation", ["READ COMMITTED", "REPEATABLE READ"])
+def test_a_claim_that_waited_for_a_cutover_that_gave_up_goes_on(sharded: Config, isolation: str) -> None:
+    """The other side of the flip test in test_routing.py: a cutover that took the claim lock and the row, then
+    rolled back (--max-pause ran out, the catch-up failed), changed nothing; the claims that waited for it pass,
+    under REPEATABLE READ too (the row was locked, not updated: no 40001)."""
+    import threading
+
+    from psycopg import sql
+    from test_routing import _wait_for_lock_wait
+
+    from pgidgen.db import execute_script
+    from pgidgen.move.sqltext import freeze_sql
+
+    outcome: dict[str, Any] = {}
+    with psycopg.connect(sharded.dsn("db1")) as mover:
+        execute_script(mover, freeze_sql([0, 1], [], 30_000))
+
+        def claim() -> None:
+            with psycopg.connect(sharded.dsn("db1")) as conn:
+                conn.execute(sql.SQL("SET TRANSACTION ISOLATION LEVEL {}").format(sql.SQL(isolation)))
+                try:
+                    outcome["claimed"] = conn.execute("SELECT pgidgen.claim_shard(1)").fetchone()
+                    conn.execute("INSERT INTO shard_1.items (k, note) VALUES (1, 'after the cutover gave up')")
+                except psycopg.Error as e:
+                    outcome["sqlstate"] = e.sqlstate
+
+        t = threading.Thread(target=claim)
+        t.start()
+        _wait_for_lock_wait(sharded.dsn("db1"))
+        mover.rollback()
+        t.join(20)
+    assert outcome == {"claimed": ("shard_1",)}, outcome
+    assert count(sharded.dsn("db1"), "shard_1") == 1
+
+
+@pytest.mark.parametrize("first", ["with parameters (the claim prepared)", "without (one simple query)"])
+def test_a_database_without_claim_shard_is_named_and_the_connection_recovers(sharded: Config, first: str) -> None:
+    """The claim's first, prepared run fails at its Parse (42883): the unit says which database lacks it and what
+    to run, writes nothing, and once the catalog is back the same connection claims again."""
+    from pgidgen.errors import DatabaseError
+    from pgidgen.render import static_sql
+
+    with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+        c.execute("DROP FUNCTION pgidgen.claim_shard(integer, boolean)")
+
+    def write(c: psycopg.Connection[Any]) -> None:
+        if first.startswith("with"):
+            c.execute("INSERT INTO items (k, note) VALUES (%s, %s)", (2, "unclaimed"))
+        else:
+            c.execute("INSERT INTO items (k, note) VALUES (2, 'unclaimed')")
+
+    with Router(sharded, listen=False, min_size=1, max_size=1) as r:
+        with pytest.raises(DatabaseError, match="database db1 has a pgidgen catalog without pgidgen.claim_shard()"):
+            r.run(2, write)
+        assert count(sharded.dsn("db1"), "shard_2") == 0
+        with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+            c.execute(static_sql("catalog.sql"))
+        for n in range(3):
+            r.run(2, insert(2, f"claimed {n}"))
+    assert count(sharded.dsn("db1"), "shard_2") == 3

@@ -108,3 +108,32 @@ def test_only_the_poolers_dsn_configured(config: Config, bouncer_root: Path, tmp
     with psycopg.connect(config.dsn("db3")) as c:
         assert sorted(r[0] for r in c.execute("SELECT id FROM shard_1.t WHERE id = ANY(%s)", (ids,))) == sorted(ids)
     assert len(set(ids)) == len(ids) > 100
+
+
+def test_through_a_transaction_pooler_the_claim_is_never_prepared(config: Config, bouncer_root: Path, tmp_path: Path) -> None:
+    """Each transaction may run on another server connection behind PgBouncer in transaction mode: a statement
+    prepared on one is unknown on the next. The claim, prepared once per connection elsewhere, must then go
+    unnamed every time, as psycopg's own statements do (no Parse of a named statement in libpq's trace)."""
+    import tempfile
+
+    sharded(config)
+    bouncer = pgbouncer.start(bouncer_root, config.databases, mode="transaction")
+    try:
+        path = app_config(tmp_path, config, bouncer, "transaction")
+        with Router(load_config(path), listen=False, min_size=1, max_size=1) as router:
+            with router._connection("db1") as conn:  # the pool's only connection
+                pass
+            with tempfile.TemporaryFile("w+") as f:
+                conn.pgconn.trace(f.fileno())
+                conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+                try:
+                    for n in range(8):
+                        router.run(1, lambda c: c.execute("INSERT INTO t (v) VALUES (%s)", (n,)))
+                finally:
+                    conn.pgconn.untrace()
+                f.seek(0)
+                parses = [line for line in f.read().splitlines() if "\tParse\t" in line]
+    finally:
+        bouncer.stop()
+    assert len(parses) >= 16 and any("claim_shard" in p for p in parses), parses  # the claim and the INSERT, each time
+    assert not [p for p in parses if '"_pg3' in p], parses  # none of them named

@@ -76,7 +76,7 @@ def use_router(router: Router | None) -> None:
 def shard_atomic(shard: int, *, read_only: bool = False) -> Iterator[str]:
     """transaction.atomic on the database serving shard (yields its alias), the shard claimed there and its schema
     first on search_path. Raises ShardMovedError (nothing was written) when that database no longer serves the
-    shard: a `with` block cannot be run again, run_on_shard can. read_only: claim without locking the shard's row."""
+    shard: a `with` block cannot be run again, run_on_shard can. read_only: claim without the claim lock."""
     router = get_router()
     alias = router.database_for(shard)
     nested = any(a == alias for _, a in _blocks.get())

@@ -116,6 +116,10 @@ class ShardSession(ShardedSession):
         shard = options.get(SHARD_OPTION)
         if shard is None:
             return
+        if not self.read_only and getattr(getattr(connection.connection, "dbapi_connection", None), "autocommit", False):
+            # each statement its own transaction: the claim's lock would end with the claim, before the writes
+            raise RoutingError(f"a write session on shard {shard} runs in AUTOCOMMIT mode, where the claim protects nothing",
+                               hint="drop isolation_level='AUTOCOMMIT' from the engines of a Sharding (read_only sessions may keep it)")
         try:
             connection.exec_driver_sql(
                 "SELECT pgidgen.claim_shard(%s, %s), pg_catalog.set_config('search_path', %s, true)",

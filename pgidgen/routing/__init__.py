@@ -33,6 +33,9 @@ between the two would be cancelled by the deadlock detector (still nothing writt
 (The lock is an advisory lock rather than the row FOR SHARE it was: no transaction ID, no WAL record, and no
 MultiXact when many writers share it, a measurable part of a one-statement unit of work.)
 Reads (read_only=True) skip the lock: a read that overlaps the flip reads the old copy as of the flip.
+A cutover waiting for the lock queues new claims behind it (the row FOR SHARE let them pass, which could starve
+the cutover): a write unit that waits for another of the same shard (nested, on another connection) stalls until
+the cutover gives up at its lock_timeout (--max-pause); nothing unsafe, the move fails and is retried.
 
 The claim costs no round trip of its own: it leaves in one pipeline with the work's first statement
 (claiming.py), in the same order, so the argument above holds unchanged.

@@ -27,6 +27,9 @@ _CLAIM_READ = (
 )
 _CLAIM_WRITE = "SELECT pgidgen.claim_shard({shard}), pg_catalog.set_config('search_path', {path}, true)"
 _INT4, _TEXT = 23, 25
+DIAG_SQLSTATE = pq.DiagnosticField.SQLSTATE
+#: invalid_sql_statement_name: the server does not have the prepared statement the cache names.
+LOST_STATEMENT = b"26000"
 
 
 class Claim:
@@ -71,11 +74,14 @@ class ClaimingCursor(psycopg.Cursor[Any]):
         return self
 
 
-def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepare: bool | None, binary: bool | None) -> Any:
+def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepare: bool | None, binary: bool | None,
+                        again: bool = True) -> Any:
     """BEGIN, the claim and the statement in one pipeline and one network write; the results in one read.
     psycopg's own pipeline sends each command on its own and costs more than the round trip it saves. The claim
     is prepared once per connection (unless the connection prepares nothing, as behind a transaction pooler),
-    the statement as psycopg would prepare it.
+    the statement as psycopg would prepare it. Should the server have lost the prepared claim (the application
+    ran DEALLOCATE in an earlier unit, where psycopg's cache did not see it), nothing ran after it: roll back,
+    forget what the cache holds, and start over once.
     self: a psycopg Cursor or AsyncCursor (the generator is psycopg's way to serve both)."""
     yield from self._start_query(query)
     pgq = self._convert_query(query, params)
@@ -87,11 +93,17 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         # behind BEGIN and the claim in the same message
         pgconn.send_query(b"BEGIN; " + claim.text + b"; " + pgq.query)
         results = yield from generators.execute(pgconn)
+        discard = getattr(self._conn._prepared, "_should_discard", None)  # where psycopg has it (else: the retry below)
+        if discard is not None:
+            discard(Prepare.NO, results)  # DEALLOCATE ALL, ROLLBACK, DROP, ALTER: what the server forgot or may plan anew
         head, results = results[:2], results[2:]
         _raise_first(head, pgconn)
         self._check_results(results)
         self._set_results(results)
         self._last_query = query
+        # now, as psycopg does after each statement: a DEALLOCATE ALL left for later would drop the claim the next
+        # unit prepares again
+        yield from self._conn._prepared.maintain_gen(self._conn)
         return
     prepared = self._conn._prepared
     cprep, cname = prepared.get(claim, True)  # type: ignore[arg-type]
@@ -126,6 +138,11 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         prepared.validate(key, prep, name, results)
     if Prepare.SHOULD in (prep, cprep) and any(res.status == pq.ExecStatus.FATAL_ERROR for res in head):
         prepared.clear()  # a statement may not have been prepared after all: start over
+    if again and cprep is Prepare.YES and claimed and claimed[0].error_field(DIAG_SQLSTATE) == LOST_STATEMENT:
+        yield from self._conn._exec_command(b"ROLLBACK")
+        prepared.clear()
+        yield from prepared.maintain_gen(self._conn)  # DEALLOCATE ALL, before the claim is prepared again
+        return (yield from claimed_execute_gen(self, query, params, claim, prepare, binary, again=False))
     _raise_first(head, pgconn)
     self._check_results(results)
     self._set_results(results)
