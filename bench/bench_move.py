@@ -45,7 +45,7 @@ from pgidgen.layout import Layout  # noqa: E402
 from pgidgen.move import move_shard  # noqa: E402
 from pgidgen.move.verify import compare  # noqa: E402
 
-SIZES = (100_000, 1_000_000)
+SIZES = tuple(int(n) for n in os.environ.get("BENCH_MOVE_SIZES", "100000,1000000").split(","))
 ROUNDS = int(os.environ.get("BENCH_MOVE_ROUNDS", "3"))
 
 
@@ -223,7 +223,7 @@ def one_size(rows: int, dsn1: str, dsn2: str) -> None:
 
 
 def run() -> None:
-    with servers(2, wal_retrieve_retry_interval="'200ms'") as (s1, s2):
+    with servers(2, wal_retrieve_retry_interval="'200ms'", **({"autovacuum": "off"} if os.environ.get("BENCH_NO_AUTOVACUUM") else {})) as (s1, s2):
         for rows in SIZES:
             one_size(rows, s1.dsn, s2.dsn)
 

@@ -137,18 +137,20 @@ def _move_batch(
             check_no_other_move(admin, ctx.source, busy)
             pid = lock_holder(admin, busy)
             raise MoveError(f"shard {busy} is being moved right now by another pgidgen", where=f"{ctx.source}, backend pid {pid}", hint="wait for it to finish")
+        check_clients(ctx, admin)
+        if not opts.offline:
+            # The schema's pg_dump (50-100 ms, most of it pg_dump reading the catalog; more on a busy server) runs
+            # while the move is checked and journaled, instead of after the slot, where the rows wait for the
+            # tables it creates. It starts once the shards are this process's (its table locks must not hold up
+            # another mover's freeze) and only reads: a move the checks refuse stops it (finally).
+            encoding = admin.info.parameter_status("server_encoding") or str(admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
+            early = SchemaDump(config.dsn(ctx.source), [c.schema for c in ctxs], encoding=encoding, sections=COPY_SECTIONS)
         for shard in shards:
             check_no_other_move(admin, ctx.source, shard)
         states = dict(admin.execute("SELECT shard, state FROM pgidgen.shards WHERE shard = ANY(%s)", (shards,)).fetchall())
         gone = [s for s in shards if states.get(s) not in ("active", "moving")]
         if gone:
             raise ConflictError(f"shard{'s' if len(gone) > 1 else ''} {collapse(gone)} left database {ctx.source} while the move was starting", hint="see 'pgidgen map'")
-        check_clients(ctx, admin)
-        if not opts.offline:
-            # The schema's pg_dump (some 50-100 ms, most of it pg_dump reading the catalog) runs while the move is
-            # checked and journaled, instead of after the slot, where the rows wait for the tables it creates.
-            encoding = str(admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
-            early = SchemaDump(config.dsn(ctx.source), [c.schema for c in ctxs], encoding=encoding, sections=COPY_SECTIONS)
         read = read_tables_of(admin, [c.schema for c in ctxs])
         for c in ctxs:
             c.source_schema = c.schema
