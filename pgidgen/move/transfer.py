@@ -370,15 +370,12 @@ class Transfer:
         self.streams[(table.schema, table.name)] = p
         return p
 
-    def restore(self, tgt: psycopg.Connection[Any], on_block: OnBlock | None = None, *, rows_in: Callable[[], None] | None = None) -> None:
-        """Into tgt's open transaction: the schema, the rows, then indexes and constraints (the sections started).
-        rows_in: called between the rows and the indexes."""
+    def restore(self, tgt: psycopg.Connection[Any], on_block: OnBlock | None = None) -> None:
+        """Into tgt's open transaction: the schema, the rows, then indexes and constraints (the sections started)."""
         tgt.execute(f"SET client_encoding = {q.literal(self.encoding)}")
         for section in ("pre-data", "data", "post-data"):
             if section == "data":
                 self.copy_rows(tgt, on_block)
-                if rows_in is not None:
-                    rows_in()
             elif section in self.sections:
                 script = self.section(section)
                 if script.strip():

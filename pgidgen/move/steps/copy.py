@@ -2,7 +2,6 @@
 'incoming' row in one target transaction. An offline move copies the rows inside the freeze instead."""
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable
 
@@ -19,8 +18,6 @@ from .replication import drop_slots
 
 #: Tables smaller than this (on disk, with indexes) are copied inline (transfer.Transfer.copy_rows).
 INLINE_BYTES = 1 << 20
-#: A copy this large (its tables on disk, with indexes) installs a new target's catalog after its rows (step_copy).
-CATALOG_AFTER_ROWS_BYTES = 32 << 20
 
 
 class CopySteps(MoverBase):
@@ -55,29 +52,14 @@ class CopySteps(MoverBase):
         # connection of its own while this thread creates the slot, pg_dump runs and the rows flow; the copy's
         # transaction waits for it before it adds the shard's catalog row and commits (and before it starts,
         # when the shard's objects depend on catalog objects). A failed probe rolls the copy back.
-        # A large copy starts it once its rows are in instead: the rows' COPY keeps the target's backend busy (and
-        # the source's side the other core), and the catalog's 100-200 ms of CPU would slow it down, while the
-        # index build that follows leaves a core free for longer than the catalog takes.
         first = self._shard_depends_on_catalog()
-        go = threading.Event()
-        if first or sum(t.bytes for c in self.ctxs for t in c.tables) < CATALOG_AFTER_ROWS_BYTES:
-            go.set()
-        skip = False
-
-        def install() -> None:
-            go.wait()
-            if not skip:
-                self._install_target_catalog_apart()
-
-        catalog: Background[None] = Background(install)
+        catalog: Background[None] = Background(self._install_target_catalog_apart)
         try:
             dump, self.schema_dump = self.schema_dump, None
             self._transfer(slot, COPY_SECTIONS, schema_dump=dump, then="".join(q.target_row_sql(c.shard, c.schema, reset_offset=False) for c in self.ctxs),
                            started=lambda: self.journal.note("copy", consistent_point=created[0]),
-                           ready=catalog if first else None, before_then=catalog, rows_in=go.set)
+                           ready=catalog if first else None, before_then=catalog)
         finally:
-            skip = not go.is_set()  # the copy failed before its rows were in: a resume installs the catalog
-            go.set()
             catalog.join()
             repl.close()
 
@@ -103,14 +85,12 @@ class CopySteps(MoverBase):
         ready: Background[None] | None = None,
         before_then: Background[None] | None = None,
         schema_dump: SchemaDump | None = None,
-        rows_in: Callable[[], None] | None = None,
     ) -> None:
         """The batch's rows (and the given pg_dump sections around them) into one target transaction, followed by
         `then` in it. snapshot() gives the snapshot to copy at (the online copy creates its slot there): called
         once the tables' formats are planned, so the source's pg_dump and first stream start the moment it returns;
         started() runs right after. ready: work on the target, waited for before the transaction opens;
-        before_then: waited for before `then` runs in it. rows_in: called once the rows are in, before the
-        indexes are built. schema_dump: the sections' pg_dump, started earlier
+        before_then: waited for before `then` runs in it. schema_dump: the sections' pg_dump, started earlier
         (else the copy starts one at the snapshot). truncate: the tables exist already (offline), emptying
         them in this transaction lets the rows go in frozen all the same."""
         schemas = [c.schema for c in self.ctxs]
@@ -144,7 +124,7 @@ class CopySteps(MoverBase):
             with self.tgt.transaction():
                 if truncate and plan:
                     self.tgt.execute(f"TRUNCATE {', '.join('ONLY ' + q.ident(t.schema or schemas[0], t.name) for t in plan)}")
-                tr.restore(self.tgt, self._copy_progress(), rows_in=rows_in)
+                tr.restore(self.tgt, self._copy_progress())
                 for schema, view in views:
                     self.tgt.execute(f"REFRESH MATERIALIZED VIEW {q.ident(schema, view)}")
                 if "post-data" in sections:  # the whole schema is there: its owners' grants as on the source
