@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 import psycopg
 
-from ..check import conninfo_for_subscription
+from ..check import Refusal, conninfo_for_subscription, probe_subscription
 from ..config import Config
 from ..db import connect, pg_message
 from ..errors import ConflictError, InputError, PgidgenError
@@ -130,6 +130,7 @@ def _move_batch(
     opening: Background[psycopg.Connection[Any]] = Background(lambda: connect(target, config.dsn(target), autocommit=True))
     tgt: psycopg.Connection[Any] | None = None
     early: SchemaDump | None = None
+    probing: Probe | None = None
     try:
         ensure_catalog(admin, ctx.source, config)
         busy = try_lock_all(admin, shards)
@@ -145,6 +146,10 @@ def _move_batch(
             # another mover's freeze) and only reads: a move the checks refuse stops it (finally).
             encoding = admin.info.parameter_status("server_encoding") or str(admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
             early = SchemaDump(config.dsn(ctx.source), [c.schema for c in ctxs], encoding=encoding, sections=COPY_SECTIONS)
+            # whether the target's server can log in to the source as the subscription will (check_servers asks
+            # for the answer in its turn): 10-20 ms, most of it the target connecting to the source
+            conninfo = conninfo_for_subscription(opts.subscription_conninfo or config.dsn(ctx.source), admin)
+            probing = Probe(target, config.dsn(target), conninfo)
         for shard in shards:
             check_no_other_move(admin, ctx.source, shard)
         states = dict(admin.execute("SELECT shard, state FROM pgidgen.shards WHERE shard = ANY(%s)", (shards,)).fetchall())
@@ -163,8 +168,8 @@ def _move_batch(
                 check_restorable(c, config.dsn(ctx.source), admin, tgt)
         else:  # the batch's one dump holds every schema: one trial restore
             check_restorable(ctx, config.dsn(ctx.source), admin, tgt, schema_dump=early)
-            check_servers(ctx, admin, tgt, conninfo=conninfo_for_subscription(opts.subscription_conninfo or config.dsn(ctx.source), admin),
-                          custom=opts.subscription_conninfo is not None)
+            assert probing is not None
+            check_servers(ctx, admin, tgt, conninfo=conninfo, custom=opts.subscription_conninfo is not None, probed=probing.result)
         token = f"{shards[0]}_{secrets.token_hex(4)}"
         detail: dict[str, Any] = {"max_pause_ms": int(opts.max_pause * 1000)}
         if opts.origin != "move-shard":
@@ -180,6 +185,8 @@ def _move_batch(
         early = None  # the mover's now
         return mover.run()
     finally:
+        if probing is not None:
+            probing.stop()
         if early is not None:
             early.close()
         if tgt is None:
@@ -190,6 +197,40 @@ def _move_batch(
         if tgt is not None:
             tgt.close()
         release(admin, shards[0])
+
+
+class Probe:
+    """check.probe_subscription on a target connection of its own, on a thread: result() is its answer (None: the
+    login works); stop() cancels it if it still runs (a move that stopped at an earlier check does not wait for
+    the target to give up connecting) and ends the thread."""
+
+    def __init__(self, name: str, dsn: str, conninfo: str) -> None:
+        self.conn: psycopg.Connection[Any] | None = None
+        self._done = False
+
+        def run() -> Refusal | None:
+            self.conn = connect(name, dsn, autocommit=True)
+            try:
+                return probe_subscription(self.conn, conninfo)
+            finally:
+                self.conn.close()
+
+        self._thread: Background[Refusal | None] = Background(run)
+
+    def result(self) -> Refusal | None:
+        value = self._thread.result()
+        self._done = True
+        return value
+
+    def stop(self) -> None:
+        if not self._done:
+            conn = self.conn
+            if conn is not None and not conn.closed:
+                try:
+                    conn.cancel_safe()
+                except (psycopg.Error, OSError):
+                    pass
+            self._thread.join()
 
 
 def find_open_move(config: Config, shard: int) -> tuple[str, MoveRecord]:
