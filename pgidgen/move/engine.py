@@ -15,7 +15,7 @@ import psycopg
 
 from ..check import Refusal, conninfo_for_subscription, probe_subscription
 from ..config import Config
-from ..db import connect, pg_message
+from ..db import connect, pg_message, server_encoding
 from ..errors import ConflictError, InputError, PgidgenError
 from ..ranges import collapse
 from .context import (
@@ -143,9 +143,9 @@ def _move_batch(
             # The schema's pg_dump (50-100 ms, most of it pg_dump reading the catalog; more on a busy server) runs
             # while the move is checked and journaled, instead of after the slot, where the rows wait for the
             # tables it creates. It starts once the shards are this process's (its table locks must not hold up
-            # another mover's freeze) and only reads: a move the checks refuse stops it (finally).
-            encoding = admin.info.parameter_status("server_encoding") or str(admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
-            early = SchemaDump(config.dsn(ctx.source), [c.schema for c in ctxs], encoding=encoding, sections=COPY_SECTIONS)
+            # another mover's freeze) and only reads: a move the checks refuse stops it (finally). (Its processes
+            # start on this thread: they die with the thread that started them, see transfer._spawn.)
+            early = SchemaDump(config.dsn(ctx.source), [c.schema for c in ctxs], encoding=server_encoding(admin), sections=COPY_SECTIONS)
             # whether the target's server can log in to the source as the subscription will (check_servers asks
             # for the answer in its turn): 10-20 ms, most of it the target connecting to the source
             conninfo = conninfo_for_subscription(opts.subscription_conninfo or config.dsn(ctx.source), admin)

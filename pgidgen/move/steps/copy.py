@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 import psycopg
 
-from ...db import connect, execute_script, pg_message
-from ...errors import ConflictError
+from ...db import connect, execute_script, pg_message, server_encoding
+from ...errors import ConflictError, PgidgenError
 from .. import sqltext as q
 from ..context import MoveError
 from ..transfer import COPY_SECTIONS, SchemaDump, Transfer, plan_tables, plan_tables_of
@@ -29,15 +29,25 @@ class CopySteps(MoverBase):
         if self.resumed_step == "copy":
             self._ensure_target_catalog()
             self._reset_copy()
-        rows0 = self._target_rows()
-        if rows0:
-            raise ConflictError(f"database {self.ctx.target} holds {', '.join(f'shard {s} as {st}' for s, (st, _) in sorted(rows0.items()))}",
-                                hint="see 'pgidgen map'")
-        repl = connect(self.ctx.source, self.config.dsn(self.ctx.source), autocommit=True, replication="database")
+        # the slot's replication connection opens while the target is looked at and the tables planned
+        opening = Background(lambda: connect(self.ctx.source, self.config.dsn(self.ctx.source), autocommit=True, replication="database"))
+        try:
+            rows0 = self._target_rows()
+            if rows0:
+                raise ConflictError(f"database {self.ctx.target} holds {', '.join(f'shard {s} as {st}' for s, (st, _) in sorted(rows0.items()))}",
+                                    hint="see 'pgidgen map'")
+            self._copy_with_slot(opening)
+        finally:
+            try:
+                opening.result().close()
+            except PgidgenError:
+                pass
+
+    def _copy_with_slot(self, opening: Background[psycopg.Connection[Any]]) -> None:
         created: list[str] = []
 
         def slot() -> str:
-            cur = psycopg.ClientCursor(repl)
+            cur = psycopg.ClientCursor(opening.result())
             try:
                 cur.execute(q.slot_sql(self.names))
             except psycopg.Error as e:
@@ -61,7 +71,6 @@ class CopySteps(MoverBase):
                            ready=catalog if first else None, before_then=catalog)
         finally:
             catalog.join()
-            repl.close()
 
     def _reset_copy(self) -> None:
         """An interrupted copy cannot continue (its snapshot died with it): drop the slot and the partial copy."""
@@ -103,7 +112,7 @@ class CopySteps(MoverBase):
             size = {(c.schema if len(self.ctxs) > 1 else "", t.name): t.bytes for c in self.ctxs for t in c.tables}
             for t in plan:
                 t.inline = size.get((t.schema, t.name), INLINE_BYTES) < INLINE_BYTES
-            encoding = str(self.admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
+            encoding = server_encoding(self.admin)
             # pg_dump's schema makes materialized views WITH NO DATA; those populated on the source are refreshed
             # from the copied rows (in creation order: one built on another comes later)
             named = {c.source_schema or c.schema: c.schema for c in self.ctxs}

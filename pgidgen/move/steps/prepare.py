@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 
 from ...config import Config
-from ...db import connect, execute_script, pg_message, scrub, tool_args
+from ...db import connect, execute_script, pg_message, scrub, server_encoding, tool_args
 from ...errors import ConflictError, DatabaseError
 from ...ddl.ledger import DDL_LOCK
 from ...idgen import CATALOG_REVISION, CATALOG_REVISION_SQL, INIT_LOCK, LOCK_CLASS, check_argument_order, render_catalog
@@ -96,7 +96,7 @@ class PrepareSteps(MoverBase):
         script = self.dump_schema()
         try:
             with self.tgt.transaction():
-                encoding = str(self.admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
+                encoding = server_encoding(self.admin)
                 self.tgt.execute(f"SET client_encoding = {q.literal(encoding)}")
                 self.tgt.execute(script)
                 for ctx in self.ctxs:
