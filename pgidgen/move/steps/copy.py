@@ -58,12 +58,12 @@ class CopySteps(MoverBase):
             created.append(str(row[1]))
             return str(row[2])
 
-        # The target's catalog (on a new database: 100-200 ms, most of it the argument-order probe) goes in on a
-        # connection of its own while this thread creates the slot, pg_dump runs and the rows flow; the copy's
+        # The target's catalog (on a new database: 50-150 ms) goes in on a connection of its own (started by
+        # step_prepare, or here on a resume) while this thread creates the slot and the rows flow; the copy's
         # transaction waits for it before it adds the shard's catalog row and commits (and before it starts,
-        # when the shard's objects depend on catalog objects). A failed probe rolls the copy back.
+        # when the shard's objects depend on catalog objects). A failed argument-order probe rolls the copy back.
         first = self._shard_depends_on_catalog()
-        catalog: Background[None] = Background(self._install_target_catalog_apart)
+        catalog, self.catalog_ahead = self.catalog_ahead or Background(self._install_target_catalog_apart), None
         try:
             dump, self.schema_dump = self.schema_dump, None
             self._transfer(slot, COPY_SECTIONS, schema_dump=dump, then="".join(q.target_row_sql(c.shard, c.schema, reset_offset=False) for c in self.ctxs),
