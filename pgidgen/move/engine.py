@@ -131,6 +131,7 @@ def _move_batch(
     tgt: psycopg.Connection[Any] | None = None
     early: SchemaDump | None = None
     probing: Probe | None = None
+    batch_checked: Background[None] | None = None
     try:
         ensure_catalog(admin, ctx.source, config)
         busy = try_lock_all(admin, shards)
@@ -139,6 +140,9 @@ def _move_batch(
             pid = lock_holder(admin, busy)
             raise MoveError(f"shard {busy} is being moved right now by another pgidgen", where=f"{ctx.source}, backend pid {pid}", hint="wait for it to finish")
         check_clients(ctx, admin)
+        # check_batch's catalog queries (some 20 ms, more on a database of many shards) on connections of their
+        # own, beside the checks below; its answer is asked for in its turn, so the first finding is the same
+        batch_checked = Background(lambda: _check_batch_apart(config, ctxs, ctx.source, target))
         if not opts.offline:
             # The schema's pg_dump (50-100 ms, most of it pg_dump reading the catalog; more on a busy server) runs
             # while the move is checked and journaled, instead of after the slot, where the rows wait for the
@@ -162,7 +166,9 @@ def _move_batch(
             c.tables, c.sequences = read[c.schema]
             check_tables(c, online=not opts.offline)
         tgt = opening.result()
-        check_batch(ctxs, admin, tgt)
+        checked, batch_checked = batch_checked, None
+        assert checked is not None
+        checked.result()
         if opts.offline:
             for c in ctxs:
                 check_restorable(c, config.dsn(ctx.source), admin, tgt)
@@ -187,6 +193,8 @@ def _move_batch(
     finally:
         if probing is not None:
             probing.stop()
+        if batch_checked is not None:
+            batch_checked.join()
         if early is not None:
             early.close()
         if tgt is None:
@@ -197,6 +205,19 @@ def _move_batch(
         if tgt is not None:
             tgt.close()
         release(admin, shards[0])
+
+
+def _check_batch_apart(config: Config, ctxs: list[ShardContext], source: str, target: str) -> None:
+    """check_batch on a source and a target connection of its own (it reads only the catalogs)."""
+    src = connect(source, config.dsn(source), autocommit=True)
+    try:
+        tgt = connect(target, config.dsn(target), autocommit=True)
+        try:
+            check_batch(ctxs, src, tgt)
+        finally:
+            tgt.close()
+    finally:
+        src.close()
 
 
 class Probe:
