@@ -18,8 +18,13 @@ compete with the mover for Python's interpreter lock, which no deployment does.)
 PostgreSQL 15's launcher starts one subscription worker per wal_retrieve_retry_interval (5 s by default); the
 servers here use 200 ms so back-to-back moves in one run do not wait on it.
 Timing on a shared machine is noisy: each size runs BENCH_MOVE_ROUNDS rounds (default 3) on a freshly built
-shard, and prints medians, the ratio of the medians and every round's. A CHECKPOINT on both servers before each
-timed part keeps one part's writes from being flushed during the next.
+shard, and prints medians, the ratio of the medians and every round's; the headline ratio is the median of the
+rounds' own ratios (a round's baseline and move ran under the same load). The three parts take turns going
+first, second and third from round to round (after the move they read its retired source copy, the same rows):
+whatever runs after another's million rows pays for its flushes. A CHECKPOINT on both servers before each timed
+part keeps one part's writes from being flushed during the next, and autovacuum is off on the bench's servers:
+the baseline leaves a million unfrozen rows, and their vacuum would land in the middle of whichever part comes
+next (the move's and the floor's rows go in frozen). BENCH_MOVE_SIZES (default 100000,1000000) picks the sizes.
 """
 from __future__ import annotations
 
@@ -45,7 +50,7 @@ from pgidgen.layout import Layout  # noqa: E402
 from pgidgen.move import move_shard  # noqa: E402
 from pgidgen.move.verify import compare  # noqa: E402
 
-SIZES = (100_000, 1_000_000)
+SIZES = tuple(int(n) for n in os.environ.get("BENCH_MOVE_SIZES", "100000,1000000").split(","))
 ROUNDS = int(os.environ.get("BENCH_MOVE_ROUNDS", "3"))
 
 
@@ -108,9 +113,9 @@ class WriterProcess:
         return seen
 
 
-def baseline(src: str, base: str) -> float:
+def baseline(src: str, base: str, schema: str = "shard_1") -> float:
     t0 = time.perf_counter()
-    dump = subprocess.Popen([client("pg_dump"), "--schema=shard_1", "-d", src], stdout=subprocess.PIPE)
+    dump = subprocess.Popen([client("pg_dump"), f"--schema={schema}", "-d", src], stdout=subprocess.PIPE)
     feed = dump
     with psycopg.connect(base) as c:
         older = c.info.server_version < 170000
@@ -124,10 +129,10 @@ def baseline(src: str, base: str) -> float:
     return time.perf_counter() - t0
 
 
-def floor(src: str, dst: str) -> float:
+def floor(src: str, dst: str, schema: str = "shard_1") -> float:
     """The verified copy with nothing else (see the module docstring): rows, primary key, both checksums."""
     t0 = time.perf_counter()
-    out = subprocess.Popen([client("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", src, "-c", "COPY shard_1.t (id, v, note) TO STDOUT (FORMAT binary)"],
+    out = subprocess.Popen([client("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", src, "-c", f'COPY "{schema}".t (id, v, note) TO STDOUT (FORMAT binary)'],
                            stdout=subprocess.PIPE)
     subprocess.run([client("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-d", dst,
                     "-c", "CREATE SCHEMA shard_1", "-c", "CREATE TABLE shard_1.t (id bigint NOT NULL, v int, note text)",
@@ -137,7 +142,7 @@ def floor(src: str, dst: str) -> float:
     out.stdout.close()
     assert out.wait() == 0
     with psycopg.connect(src) as s, psycopg.connect(dst) as d:
-        checked = compare(s, "shard_1", d, "shard_1", ["t"])
+        checked = compare(s, schema, d, "shard_1", ["t"])
     seconds = time.perf_counter() - t0
     # the writer kept inserting after the copy's snapshot: the counts differ by those rows, not by more
     t = checked.tables[0]
@@ -159,6 +164,7 @@ class Moved:
     writes: int
     rejected: int
     phases: list[tuple[str, float]]
+    retired: str
 
 
 def move(config: Config, src: str, running: WriterProcess) -> Moved:
@@ -167,14 +173,17 @@ def move(config: Config, src: str, running: WriterProcess) -> Moved:
     total = time.perf_counter() - t0
     time.sleep(0.5)
     writer = running.stop()
+    assert report.retired_schema is not None
     assert report.verification is not None and report.verification.ok
     assert len(set(writer.ids)) == len(writer.ids) and writer.ids == sorted(writer.ids)
     with psycopg.connect(src, autocommit=True) as c:
         marks = c.execute(
             "SELECT step, min(at) FROM pgidgen.move_log WHERE move_id = %s AND event IN ('start', 'done') GROUP BY step ORDER BY 2",
             (report.move_id,)).fetchall()
+        # the retired copy's guard calls pgidgen's catalog, which the baseline's empty database lacks
+        c.execute(f'DROP TRIGGER pgidgen_retired ON "{report.retired_schema}".t')
     phases = [(a[0], (b[1] - a[1]).total_seconds()) for a, b in zip(marks, marks[1:])]
-    return Moved(total, report.pause_ms or 0.0, writer.max_gap * 1000, len(writer.ids), len(writer.errors), phases)
+    return Moved(total, report.pause_ms or 0.0, writer.max_gap * 1000, len(writer.ids), len(writer.errors), phases, report.retired_schema)
 
 
 def drop(dsn: str, *names: str) -> None:
@@ -189,22 +198,33 @@ def one_size(rows: int, dsn1: str, dsn2: str) -> None:
     floors: list[float] = []
     moves: list[Moved] = []
     size_mb = 0.0
-    for _ in range(ROUNDS):
+    for r in range(ROUNDS):
         config, src, base, size_mb = build(rows, dsn1, dsn2, tag)
-        running = WriterProcess(config.databases, 1)
+        running: WriterProcess | None = WriterProcess(config.databases, 1)
         time.sleep(0.5)
-        checkpoint(dsn1, dsn2)
-        bases.append(baseline(src, base))  # first: the move renames the source copy
-        checkpoint(dsn1, dsn2)
-        floors.append(floor(src, base.rsplit("/", 1)[0] + f"/floor_{tag}"))
-        checkpoint(dsn1, dsn2)
-        time.sleep(0.5)
-        moves.append(move(config, src, running))
+        schema = "shard_1"  # after the move: its retired copy, the same rows
+        parts = ["baseline", "floor", "move"]
+        for part in parts[r % 3:] + parts[:r % 3]:
+            checkpoint(dsn1, dsn2)
+            if part == "baseline":
+                bases.append(baseline(src, base, schema))
+            elif part == "floor":
+                floors.append(floor(src, base.rsplit("/", 1)[0] + f"/floor_{tag}", schema))
+            else:
+                time.sleep(0.5)
+                assert running is not None
+                moves.append(move(config, src, running))
+                # the parts still to come run under a writer as well (it writes to the target now)
+                running, schema = WriterProcess(config.databases, 1), moves[-1].retired
+        if running is not None:
+            running.stop()
         drop(dsn1, f"src_{tag}")
         drop(dsn2, f"tgt_{tag}", f"base_{tag}", f"floor_{tag}")
 
     med = statistics.median
     section(f"shard of {rows:,} rows ({size_mb:.0f} MB with its index), median of {ROUNDS} rounds")
+    paired = med(m.seconds / b for m, b in zip(moves, bases))
+    print(f"  RATIO move-shard / (pg_dump -n | psql), {rows:,} rows: {paired:.2f}x (median of the rounds' ratios)", flush=True)
     row("pg_dump | psql (baseline, offline; same writer running)", med(bases), "s")
     row("floor: verified copy, nothing else", med(floors), "s", med(bases), "of pg_dump | psql")
     row("move-shard online, total", med(m.seconds for m in moves), "s", med(bases), "of pg_dump | psql")
@@ -223,7 +243,7 @@ def one_size(rows: int, dsn1: str, dsn2: str) -> None:
 
 
 def run() -> None:
-    with servers(2, wal_retrieve_retry_interval="'200ms'") as (s1, s2):
+    with servers(2, wal_retrieve_retry_interval="'200ms'", autovacuum="off") as (s1, s2):
         for rows in SIZES:
             one_size(rows, s1.dsn, s2.dsn)
 

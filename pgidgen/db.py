@@ -87,6 +87,11 @@ def connect(name: str, dsn: str, *, autocommit: bool = False, **kwargs: Any) -> 
     return conn
 
 
+def server_encoding(conn: psycopg.Connection[Any]) -> str:
+    """The database's encoding, as the server reported it at login (no round trip)."""
+    return conn.info.parameter_status("server_encoding") or str(conn.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
+
+
 def own_session(conn: psycopg.Connection[Any]) -> None:
     """The settings of SESSION_OPTIONS on conn again (after a RESET ALL), and the later timeouts off."""
     conn.execute("SELECT pg_catalog.set_config('statement_timeout', '0', false), pg_catalog.set_config('idle_in_transaction_session_timeout', '0', false)"

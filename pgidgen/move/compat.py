@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 from .. import pgbin
-from ..db import execute_script, pg_message
+from ..db import execute_script, pg_message, server_encoding
 from ..errors import PgidgenError
 from ..idgen import render_catalog
 from ..versions import major
@@ -37,7 +37,7 @@ def check_restorable(
     source_major, target_major = major(src), major(tgt)
     if target_major >= source_major:
         return
-    encoding = str(src.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
+    encoding = server_encoding(src)
     dump = schema_dump or SchemaDump(source_dsn, ctx.schema, encoding=encoding, sections=COPY_SECTIONS)
     try:
         scripts = [dump.section(s) for s in COPY_SECTIONS]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import psycopg
 
@@ -19,6 +19,9 @@ from ..ranges import collapse
 from ..layout import Layout
 from .journal import POINT_OF_NO_RETURN, lock_holder, open_move
 from . import sqltext as q
+
+if TYPE_CHECKING:
+    from ..check import Refusal
 
 
 class MoveError(DatabaseError):
@@ -281,23 +284,25 @@ def check_tables(ctx: ShardContext, *, online: bool) -> None:
 
 
 def check_servers(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], *, conninfo: str | None = None,
-                  custom: bool = False) -> None:
+                  custom: bool = False, probed: Callable[[], Refusal | None] | None = None) -> None:
     """What an online move needs of both servers and of the roles pgidgen uses on them: check_pair."""
-    check_pair(ctx.source, ctx.target, src, tgt, conninfo=conninfo, custom=custom)
+    check_pair(ctx.source, ctx.target, src, tgt, conninfo=conninfo, custom=custom, probed=probed)
 
 
 def check_pair(source: str, target: str, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], *, conninfo: str | None = None,
-               custom: bool = False) -> None:
+               custom: bool = False, probed: Callable[[], Refusal | None] | None = None) -> None:
     """pgidgen.check's findings that stop an online move from source to target (the same `pgidgen check` prints),
     the first as a MoveError with what to change; with conninfo (what the subscription will use), whether the
-    target's server can log in to the source with it (custom: it is --subscription-dsn, not the config's DSN)."""
+    target's server can log in to the source with it (custom: it is --subscription-dsn, not the config's DSN).
+    probed: that login's probe (check.probe_subscription), started earlier by the caller; its result is asked for
+    where the probe would run, so the first finding is the same either way."""
     from ..check import Facts, failures_for_move, probe_subscription, reach_finding, unasked_password
 
     source_facts, target_facts = Facts.read(src), Facts.read(tgt)
     for f in failures_for_move(source, source_facts, target, target_facts):
         raise MoveError(f.text, where=f.database, hint=f.fix)
     if conninfo is not None:
-        reason = (None if custom else unasked_password(src, target_facts)) or probe_subscription(tgt, conninfo)
+        reason = (None if custom else unasked_password(src, target_facts)) or (probed() if probed is not None else probe_subscription(tgt, conninfo))
         if reason is not None:
             f = reach_finding(target, source, reason)
             raise MoveError(f.text, where=f.database, hint=f.fix)

@@ -13,9 +13,9 @@ from typing import Any, Callable, Sequence
 
 import psycopg
 
-from ..check import conninfo_for_subscription
+from ..check import Refusal, conninfo_for_subscription, probe_subscription
 from ..config import Config
-from ..db import connect, pg_message
+from ..db import connect, pg_message, server_encoding
 from ..errors import ConflictError, InputError, PgidgenError
 from ..ranges import collapse
 from .context import (
@@ -130,6 +130,8 @@ def _move_batch(
     opening: Background[psycopg.Connection[Any]] = Background(lambda: connect(target, config.dsn(target), autocommit=True))
     tgt: psycopg.Connection[Any] | None = None
     early: SchemaDump | None = None
+    probing: Probe | None = None
+    batch_checked: Background[None] | None = None
     try:
         ensure_catalog(admin, ctx.source, config)
         busy = try_lock_all(admin, shards)
@@ -137,32 +139,43 @@ def _move_batch(
             check_no_other_move(admin, ctx.source, busy)
             pid = lock_holder(admin, busy)
             raise MoveError(f"shard {busy} is being moved right now by another pgidgen", where=f"{ctx.source}, backend pid {pid}", hint="wait for it to finish")
+        check_clients(ctx, admin)
+        # check_batch's catalog queries (some 20 ms, more on a database of many shards) on connections of their
+        # own, beside the checks below; its answer is asked for in its turn, so the first finding is the same
+        batch_checked = Background(lambda: _check_batch_apart(config, ctxs, ctx.source, target))
+        if not opts.offline:
+            # The schema's pg_dump (50-100 ms, most of it pg_dump reading the catalog; more on a busy server) runs
+            # while the move is checked and journaled, instead of after the slot, where the rows wait for the
+            # tables it creates. It starts once the shards are this process's (its table locks must not hold up
+            # another mover's freeze) and only reads: a move the checks refuse stops it (finally). (Its processes
+            # start on this thread: they die with the thread that started them, see transfer._spawn.)
+            early = SchemaDump(config.dsn(ctx.source), [c.schema for c in ctxs], encoding=server_encoding(admin), sections=COPY_SECTIONS)
+            # whether the target's server can log in to the source as the subscription will (check_servers asks
+            # for the answer in its turn): 10-20 ms, most of it the target connecting to the source
+            conninfo = conninfo_for_subscription(opts.subscription_conninfo or config.dsn(ctx.source), admin)
+            probing = Probe(target, config.dsn(target), conninfo)
         for shard in shards:
             check_no_other_move(admin, ctx.source, shard)
         states = dict(admin.execute("SELECT shard, state FROM pgidgen.shards WHERE shard = ANY(%s)", (shards,)).fetchall())
         gone = [s for s in shards if states.get(s) not in ("active", "moving")]
         if gone:
             raise ConflictError(f"shard{'s' if len(gone) > 1 else ''} {collapse(gone)} left database {ctx.source} while the move was starting", hint="see 'pgidgen map'")
-        check_clients(ctx, admin)
-        if not opts.offline:
-            # The schema's pg_dump (some 50-100 ms, most of it pg_dump reading the catalog) runs while the move is
-            # checked and journaled, instead of after the slot, where the rows wait for the tables it creates.
-            encoding = str(admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
-            early = SchemaDump(config.dsn(ctx.source), [c.schema for c in ctxs], encoding=encoding, sections=COPY_SECTIONS)
         read = read_tables_of(admin, [c.schema for c in ctxs])
         for c in ctxs:
             c.source_schema = c.schema
             c.tables, c.sequences = read[c.schema]
             check_tables(c, online=not opts.offline)
         tgt = opening.result()
-        check_batch(ctxs, admin, tgt)
+        checked, batch_checked = batch_checked, None
+        assert checked is not None
+        checked.result()
         if opts.offline:
             for c in ctxs:
                 check_restorable(c, config.dsn(ctx.source), admin, tgt)
         else:  # the batch's one dump holds every schema: one trial restore
             check_restorable(ctx, config.dsn(ctx.source), admin, tgt, schema_dump=early)
-            check_servers(ctx, admin, tgt, conninfo=conninfo_for_subscription(opts.subscription_conninfo or config.dsn(ctx.source), admin),
-                          custom=opts.subscription_conninfo is not None)
+            assert probing is not None
+            check_servers(ctx, admin, tgt, conninfo=conninfo, custom=opts.subscription_conninfo is not None, probed=probing.result)
         token = f"{shards[0]}_{secrets.token_hex(4)}"
         detail: dict[str, Any] = {"max_pause_ms": int(opts.max_pause * 1000)}
         if opts.origin != "move-shard":
@@ -178,6 +191,10 @@ def _move_batch(
         early = None  # the mover's now
         return mover.run()
     finally:
+        if probing is not None:
+            probing.stop()
+        if batch_checked is not None:
+            batch_checked.join()
         if early is not None:
             early.close()
         if tgt is None:
@@ -188,6 +205,53 @@ def _move_batch(
         if tgt is not None:
             tgt.close()
         release(admin, shards[0])
+
+
+def _check_batch_apart(config: Config, ctxs: list[ShardContext], source: str, target: str) -> None:
+    """check_batch on a source and a target connection of its own (it reads only the catalogs)."""
+    src = connect(source, config.dsn(source), autocommit=True)
+    try:
+        tgt = connect(target, config.dsn(target), autocommit=True)
+        try:
+            check_batch(ctxs, src, tgt)
+        finally:
+            tgt.close()
+    finally:
+        src.close()
+
+
+class Probe:
+    """check.probe_subscription on a target connection of its own, on a thread: result() is its answer (None: the
+    login works); stop() cancels it if it still runs (a move that stopped at an earlier check does not wait for
+    the target to give up connecting) and ends the thread."""
+
+    def __init__(self, name: str, dsn: str, conninfo: str) -> None:
+        self.conn: psycopg.Connection[Any] | None = None
+        self._done = False
+
+        def run() -> Refusal | None:
+            self.conn = connect(name, dsn, autocommit=True)
+            try:
+                return probe_subscription(self.conn, conninfo)
+            finally:
+                self.conn.close()
+
+        self._thread: Background[Refusal | None] = Background(run)
+
+    def result(self) -> Refusal | None:
+        value = self._thread.result()
+        self._done = True
+        return value
+
+    def stop(self) -> None:
+        if not self._done:
+            conn = self.conn
+            if conn is not None and not conn.closed:
+                try:
+                    conn.cancel_safe()
+                except (psycopg.Error, OSError):
+                    pass
+            self._thread.join()
 
 
 def find_open_move(config: Config, shard: int) -> tuple[str, MoveRecord]:

@@ -98,19 +98,11 @@ class Journal:
         self.record.step = step
         self.record.status = "running"
         self.record.detail.update(detail)
-        self.conn.execute(
-            "UPDATE pgidgen.moves SET step = %s, status = 'running', detail = detail || %s::jsonb, updated_at = now() WHERE move_id = %s",
-            (step, json.dumps(detail), self.record.move_id),
-        )
-        self.log(step, "start", detail)
+        self._update_and_log("step = %s, status = 'running', detail = detail || %s::jsonb", (step, json.dumps(detail)), step, "start", detail)
 
     def note(self, step: str, **detail: Any) -> None:
         self.record.detail.update(detail)
-        self.conn.execute(
-            "UPDATE pgidgen.moves SET detail = detail || %s::jsonb, updated_at = now() WHERE move_id = %s",
-            (json.dumps(detail), self.record.move_id),
-        )
-        self.log(step, "note", detail)
+        self._update_and_log("detail = detail || %s::jsonb", (json.dumps(detail),), step, "note", detail)
 
     def fail(self, step: str, error: str) -> None:
         self.record.status = "failed"
@@ -123,11 +115,16 @@ class Journal:
     def finish(self, status: str) -> None:
         self.record.status = status
         self.record.step = "done" if status == "done" else self.record.step
+        self._update_and_log("status = %s, step = %s, finished_at = now()", (status, self.record.step), self.record.step, status, {})
+
+    def _update_and_log(self, assignments: str, params: tuple[Any, ...], step: str, event: str, detail: dict[str, Any]) -> None:
+        """The move's row and its log entry in one statement: one round trip and one commit per journal write
+        (a move writes some twenty), and never the one without the other."""
         self.conn.execute(
-            "UPDATE pgidgen.moves SET status = %s, step = %s, finished_at = now(), updated_at = now() WHERE move_id = %s",
-            (status, self.record.step, self.record.move_id),
+            f"WITH m AS (UPDATE pgidgen.moves SET {assignments}, updated_at = now() WHERE move_id = %s RETURNING move_id)"
+            " INSERT INTO pgidgen.move_log (move_id, step, event, detail) SELECT move_id, %s::text, %s::text, %s::jsonb FROM m",
+            (*params, self.record.move_id, step, event, json.dumps(detail, default=str)),
         )
-        self.log(self.record.step, status, {})
 
     def log(self, step: str, event: str, detail: dict[str, Any]) -> None:
         self.conn.execute(

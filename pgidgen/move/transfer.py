@@ -413,7 +413,7 @@ class Transfer:
                     block = os.read(fd, _BLOCK)
                     if not block:
                         break
-                    cp.write(block)
+                    cp.write(memoryview(block))  # sliced for libpq without copying
                     self.bytes += len(block)
                     if on_block is not None:
                         on_block(f"{schema}.{table.name}", len(block))

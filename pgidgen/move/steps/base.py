@@ -203,6 +203,7 @@ class MoverBase:
         self.snapshot: psycopg.Connection[Any] | None = None
         self.verification: Verification | None = None
         self.checking: Background[Verification] | None = None
+        self.catalog_ahead: Background[None] | None = None  # the target's catalog, started by step_prepare
         self.ahead: Background[list[psycopg.Connection[Any]]] | None = None
         self.check_src: psycopg.Connection[Any] | None = None
         self.report = MoveReport(self.ctx.shard, self.ctx.source, self.ctx.target, self.rec.mode, self.rec.move_id, "running",
@@ -225,6 +226,8 @@ class MoverBase:
             self.schema_dump = None
         if self.checking is not None:
             self.checking.join()
+        if self.catalog_ahead is not None:
+            self.catalog_ahead.join()
         for c in (self._tgt, self.snapshot, self.check_src, *(self._take_ahead() or [])):
             if c is not None and not c.closed:
                 c.close()

@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 import psycopg
 
-from ...db import connect, execute_script, pg_message
-from ...errors import ConflictError
+from ...db import connect, execute_script, pg_message, server_encoding
+from ...errors import ConflictError, PgidgenError
 from .. import sqltext as q
 from ..context import MoveError
 from ..transfer import COPY_SECTIONS, SchemaDump, Transfer, plan_tables, plan_tables_of
@@ -29,15 +29,25 @@ class CopySteps(MoverBase):
         if self.resumed_step == "copy":
             self._ensure_target_catalog()
             self._reset_copy()
-        rows0 = self._target_rows()
-        if rows0:
-            raise ConflictError(f"database {self.ctx.target} holds {', '.join(f'shard {s} as {st}' for s, (st, _) in sorted(rows0.items()))}",
-                                hint="see 'pgidgen map'")
-        repl = connect(self.ctx.source, self.config.dsn(self.ctx.source), autocommit=True, replication="database")
+        # the slot's replication connection opens while the target is looked at and the tables planned
+        opening = Background(lambda: connect(self.ctx.source, self.config.dsn(self.ctx.source), autocommit=True, replication="database"))
+        try:
+            rows0 = self._target_rows()
+            if rows0:
+                raise ConflictError(f"database {self.ctx.target} holds {', '.join(f'shard {s} as {st}' for s, (st, _) in sorted(rows0.items()))}",
+                                    hint="see 'pgidgen map'")
+            self._copy_with_slot(opening)
+        finally:
+            try:
+                opening.result().close()
+            except PgidgenError:
+                pass
+
+    def _copy_with_slot(self, opening: Background[psycopg.Connection[Any]]) -> None:
         created: list[str] = []
 
         def slot() -> str:
-            cur = psycopg.ClientCursor(repl)
+            cur = psycopg.ClientCursor(opening.result())
             try:
                 cur.execute(q.slot_sql(self.names))
             except psycopg.Error as e:
@@ -48,12 +58,12 @@ class CopySteps(MoverBase):
             created.append(str(row[1]))
             return str(row[2])
 
-        # The target's catalog (on a new database: 100-200 ms, most of it the argument-order probe) goes in on a
-        # connection of its own while this thread creates the slot, pg_dump runs and the rows flow; the copy's
+        # The target's catalog (on a new database: 50-150 ms) goes in on a connection of its own (started by
+        # step_prepare, or here on a resume) while this thread creates the slot and the rows flow; the copy's
         # transaction waits for it before it adds the shard's catalog row and commits (and before it starts,
-        # when the shard's objects depend on catalog objects). A failed probe rolls the copy back.
+        # when the shard's objects depend on catalog objects). A failed argument-order probe rolls the copy back.
         first = self._shard_depends_on_catalog()
-        catalog: Background[None] = Background(self._install_target_catalog_apart)
+        catalog, self.catalog_ahead = self.catalog_ahead or Background(self._install_target_catalog_apart), None
         try:
             dump, self.schema_dump = self.schema_dump, None
             self._transfer(slot, COPY_SECTIONS, schema_dump=dump, then="".join(q.target_row_sql(c.shard, c.schema, reset_offset=False) for c in self.ctxs),
@@ -61,7 +71,6 @@ class CopySteps(MoverBase):
                            ready=catalog if first else None, before_then=catalog)
         finally:
             catalog.join()
-            repl.close()
 
     def _reset_copy(self) -> None:
         """An interrupted copy cannot continue (its snapshot died with it): drop the slot and the partial copy."""
@@ -103,7 +112,7 @@ class CopySteps(MoverBase):
             size = {(c.schema if len(self.ctxs) > 1 else "", t.name): t.bytes for c in self.ctxs for t in c.tables}
             for t in plan:
                 t.inline = size.get((t.schema, t.name), INLINE_BYTES) < INLINE_BYTES
-            encoding = str(self.admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
+            encoding = server_encoding(self.admin)
             # pg_dump's schema makes materialized views WITH NO DATA; those populated on the source are refreshed
             # from the copied rows (in creation order: one built on another comes later)
             named = {c.source_schema or c.schema: c.schema for c in self.ctxs}

@@ -12,7 +12,7 @@ from ...ddl.drift import ITEMS_SQL, schema_items
 from .. import sqltext as q
 from ..context import MoveError, describe_dependents, outside_dependents
 from ..journal import retired_names
-from .base import LOCK_WAIT_RECHECK, CutoverAborted, MoverBase
+from .base import LOCK_WAIT_RECHECK, Background, CutoverAborted, MoverBase
 
 
 #: drift.SCHEMA_ITEMS_SQL for a batch's schemas at once: (schema, item).
@@ -102,16 +102,22 @@ class CutoverSteps(MoverBase):
         else:
             src = connect(self.ctx.source, self.config.dsn(self.ctx.source))
             snap = connect(self.ctx.target, self.config.dsn(self.ctx.target))  # before the pause
-        theirs = self._tables_as_they_stand(self.tgt, schemas)  # the target's side, read before the pause
-        their_items = schema_items_many(self.tgt, schemas) if not self.opts.offline else {}  # offline: post-data comes under the freeze
+        # the target's side, read before the pause, on a thread while the source's side is read (offline: no
+        # items, post-data comes under the freeze)
+        reading = Background(lambda: (self._tables_as_they_stand(self.tgt, schemas), schema_items_many(self.tgt, schemas) if not self.opts.offline else {}))
+        try:
+            if not self.opts.offline:
+                # The schema on both sides, and nothing outside the shard depending on it, checked right before the
+                # pause rather than in it (some 20 ms under load): DDL that does not wait for the freeze's locks
+                # (a view, a grant, a function) could slip in after a check made in the pause just the same.
+                my_items = schema_items_many(src, schemas)
+                outside = outside_dependents(src, schemas[0]) if len(schemas) == 1 else \
+                    [str(r[0]) for r in src.execute(q.OUTSIDE_DEPENDENTS_ANY_SQL, {"schemas": schemas})]
+                src.rollback()
+        finally:
+            reading.join()
+        theirs, their_items = reading.result()
         if not self.opts.offline:
-            # The schema on both sides, and nothing outside the shard depending on it, checked right before the
-            # pause rather than in it (some 20 ms under load): DDL that does not wait for the freeze's locks
-            # (a view, a grant, a function) could slip in after a check made in the pause just the same.
-            my_items = schema_items_many(src, schemas)
-            outside = outside_dependents(src, schemas[0]) if len(schemas) == 1 else \
-                [str(r[0]) for r in src.execute(q.OUTSIDE_DEPENDENTS_ANY_SQL, {"schemas": schemas})]
-            src.rollback()
             for schema in schemas:
                 changed = self._changed_objects(my_items[schema], their_items[schema])
                 found = outside

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 
 from ...config import Config
-from ...db import connect, execute_script, pg_message, scrub, tool_args
+from ...db import connect, execute_script, pg_message, scrub, server_encoding, tool_args
 from ...errors import ConflictError, DatabaseError
 from ...ddl.ledger import DDL_LOCK
 from ...idgen import CATALOG_REVISION, CATALOG_REVISION_SQL, INIT_LOCK, LOCK_CLASS, check_argument_order, render_catalog
@@ -17,7 +17,7 @@ from ...render import static_sql
 from .. import sqltext as q
 from ..context import MoveError
 from ..transfer import DUMP_OPTIONS, OWN_GROUP, last_line, script_of, tool
-from .base import MoverBase
+from .base import Background, MoverBase
 
 
 def ensure_catalog(conn: psycopg.Connection[Any], name: str, config: Config, *, layout: Any = None, shard_count: int = 0) -> None:
@@ -54,13 +54,17 @@ def ensure_catalog(conn: psycopg.Connection[Any], name: str, config: Config, *, 
 
 class PrepareSteps(MoverBase):
     def step_prepare(self) -> None:
-        if self.opts.offline:  # an online move has the copy step do it, beside the source's slot and pg_dump
+        if self.opts.offline:  # an online move does it on a connection of its own, see below and step_copy
             self._ensure_target_catalog()
         with self.admin.transaction():
             if not self.admin.execute("SELECT pg_try_advisory_xact_lock_shared(%s, %s)", (LOCK_CLASS, DDL_LOCK)).fetchone()[0]:  # type: ignore[index]
                 raise MoveError(f"pgidgen apply-ddl is changing shards in database {self.ctx.source}",
                                 hint=f"wait for it to finish, then 'pgidgen move-shard --resume {self.ctx.shard}'")
             self.admin.execute(q.source_moving_sql(self.shards))
+        if not self.opts.offline and self.catalog_ahead is None:
+            # a target's catalog (on a new database some 50-150 ms) goes in from here, beside the publication, the
+            # slot and the schema, rather than later beside the rows, whose COPY it would slow down
+            self.catalog_ahead = Background(self._install_target_catalog_apart)
 
     def _ensure_target_catalog(self, conn: psycopg.Connection[Any] | None = None) -> None:
         ensure_catalog(conn or self.tgt, self.ctx.target, self.config, layout=self.ctx.layout, shard_count=self.ctx.shard_count)
@@ -96,7 +100,7 @@ class PrepareSteps(MoverBase):
         script = self.dump_schema()
         try:
             with self.tgt.transaction():
-                encoding = str(self.admin.execute("SHOW server_encoding").fetchone()[0])  # type: ignore[index]
+                encoding = server_encoding(self.admin)
                 self.tgt.execute(f"SET client_encoding = {q.literal(encoding)}")
                 self.tgt.execute(script)
                 for ctx in self.ctxs:

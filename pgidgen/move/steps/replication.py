@@ -71,6 +71,11 @@ class ReplicationSteps(MoverBase):
         self._open_ahead()
         oid = self._sub_oid()
         errors0 = self._errors(oid) if oid else 0
+        # while the apply worker starts (10-20 ms): the clocks' skew, and the DDL ledger's rows the activation
+        # copies (apply-ddl waits for moves: they are what they will be in the pause)
+        self._measure_skew()
+        if self.ledger_sql is None:
+            self.ledger_sql = self._ledger()
         give_up = time.perf_counter() + self.opts.catchup_timeout
         while True:
             t = time.perf_counter()
@@ -84,7 +89,6 @@ class ReplicationSteps(MoverBase):
             if self.progress is not None:
                 ntables = sum(len(c.tables) for c in self.ctxs)
                 self.progress(CopyProgress(ntables, ntables, 0, 0, 0, self._lag()))
-        self._measure_skew()
 
     def _measure_skew(self) -> None:
         skew, unc = measure_skew(self.admin, self.tgt)
