@@ -5,8 +5,7 @@ in the package's docstring."""
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -51,47 +50,8 @@ class Units:
             self._paths[shard] = path
         return path
 
-    @contextmanager
-    def transaction(self, shard: int, *, read_only: bool = False) -> Iterator[psycopg.Connection[Any]]:
-        route = self.maps.get().route(shard)
-        conn = self.pools.borrow(route.database)
-        try:
-            conn.begin_unit(self.claim_for(shard, read_only))
-            committing = False
-            try:
-                yield conn
-                if conn.end_unit() and conn.pgconn.transaction_status != IDLE:
-                    committing = True
-                    conn.commit()
-            except BaseException as e:
-                err = self._failed(conn, route, e, committing)
-                if err is None:
-                    raise
-                raise err from e
-        finally:
-            self.pools.give_back(route.database, conn)
-
-    def _attempt(self, shard: int, work: Callable[[psycopg.Connection[Any]], T], read_only: bool) -> T:
-        """One try of run(): transaction() written out, as it runs for every unit of work (a generator-based
-        context manager costs a few microseconds more, a measurable share of a one-statement unit)."""
-        route = self.maps.get().route(shard)
-        conn = self.pools.borrow(route.database)
-        try:
-            conn.begin_unit(self.claim_for(shard, read_only))
-            committing = False
-            try:
-                result = work(conn)
-                if conn.end_unit() and conn.pgconn.transaction_status != IDLE:
-                    committing = True
-                    conn.commit()
-                return result
-            except BaseException as e:
-                err = self._failed(conn, route, e, committing)
-                if err is None:
-                    raise
-                raise err from e
-        finally:
-            self.pools.give_back(route.database, conn)
+    def transaction(self, shard: int, *, read_only: bool = False) -> UnitOfWork:
+        return UnitOfWork(self, shard, read_only)
 
     def _failed(self, conn: Any, route: Route, e: BaseException, committing: bool) -> PgidgenError | None:
         """After e ended a unit of work on conn: roll back what is left, and the error to raise instead of e
@@ -123,7 +83,8 @@ class Units:
         delay = 0.005
         while True:
             try:
-                return self._attempt(shard, work, read_only)
+                with UnitOfWork(self, shard, read_only) as conn:
+                    return work(conn)
             except (ShardMovedError, ShardUnavailableError) as e:
                 wait, delay = next_try(self, shard, e, deadline, delay)
                 if wait:
@@ -147,6 +108,53 @@ class Units:
         except (psycopg.Error, PgidgenError):
             return True  # cannot tell: report the original error, not a move
         return row is not None and row[0] in SERVING
+
+
+class UnitOfWork:
+    """Units.transaction(): on entering, a pooled connection to the database the map names, its transaction to
+    claim the shard with the first statement; on leaving, commit, or roll back and say why. A class rather than
+    a generator-based context manager: it runs for every unit of work, and that costs a few microseconds less."""
+
+    __slots__ = ("units", "shard", "read_only", "route", "conn")
+
+    def __init__(self, units: Units, shard: int, read_only: bool) -> None:
+        self.units = units
+        self.shard = shard
+        self.read_only = read_only
+
+    def __enter__(self) -> psycopg.Connection[Any]:
+        units = self.units
+        self.route = route = units.maps.get().route(self.shard)
+        self.conn = conn = units.pools.borrow(route.database)
+        try:
+            conn.begin_unit(units.claim_for(self.shard, self.read_only))
+        except BaseException:
+            units.pools.give_back(route.database, conn)
+            raise
+        return conn  # type: ignore[no-any-return]
+
+    def __exit__(self, typ: type[BaseException] | None, e: BaseException | None, tb: Any) -> bool:
+        units, conn, route = self.units, self.conn, self.route
+        try:
+            if e is None:
+                committing = False
+                try:
+                    if conn.end_unit() and conn.pgconn.transaction_status != IDLE:
+                        committing = True
+                        conn.commit()
+                    return False
+                except BaseException as err:
+                    e = err
+                    failure = units._failed(conn, route, err, committing)
+                    if failure is None:
+                        raise
+            else:
+                failure = units._failed(conn, route, e, False)
+                if failure is None:
+                    return False  # e itself goes on
+            raise failure from e
+        finally:
+            units.pools.give_back(route.database, conn)
 
 
 def needs_row(e: psycopg.Error) -> bool:
