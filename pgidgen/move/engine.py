@@ -8,6 +8,7 @@ copy is authoritative and a rollback loses nothing; after it, the only way is fo
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -223,18 +224,26 @@ def _check_batch_apart(config: Config, ctxs: list[ShardContext], source: str, ta
 class Probe:
     """check.probe_subscription on a target connection of its own, on a thread: result() is its answer (None: the
     login works); stop() cancels it if it still runs (a move that stopped at an earlier check does not wait for
-    the target to give up connecting) and ends the thread."""
+    the target to give up connecting: its walreceiver login heeds no connect_timeout) and ends the thread. A
+    probe stopped before its connection is up never starts; one whose statement was not yet sent when the cancel
+    came is cancelled again until it ends."""
 
     def __init__(self, name: str, dsn: str, conninfo: str) -> None:
         self.conn: psycopg.Connection[Any] | None = None
         self._done = False
+        self._stopped = False
+        self._lock = threading.Lock()
 
         def run() -> Refusal | None:
-            self.conn = connect(name, dsn, autocommit=True)
+            conn = connect(name, dsn, autocommit=True)
             try:
-                return probe_subscription(self.conn, conninfo)
+                with self._lock:
+                    if self._stopped:
+                        return None
+                    self.conn = conn
+                return probe_subscription(conn, conninfo)
             finally:
-                self.conn.close()
+                conn.close()
 
         self._thread: Background[Refusal | None] = Background(run)
 
@@ -244,14 +253,17 @@ class Probe:
         return value
 
     def stop(self) -> None:
-        if not self._done:
+        if self._done:
+            return
+        with self._lock:
+            self._stopped = True
+        while not self._thread.join(timeout=0.05):
             conn = self.conn
             if conn is not None and not conn.closed:
                 try:
                     conn.cancel_safe()
                 except (psycopg.Error, OSError):
                     pass
-            self._thread.join()
 
 
 def find_open_move(config: Config, shard: int) -> tuple[str, MoveRecord]:
