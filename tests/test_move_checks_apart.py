@@ -12,12 +12,12 @@ from typing import Any
 import psycopg
 import pytest
 from movekit import leftovers
-from moveshards import crash_at, Crash, quick_subscription_start, rows_of, setup_shards, state_of  # noqa: F401 (an autouse fixture)
+from moveshards import POINTS, crash_at, Crash, quick_subscription_start, rows_of, setup_shards, state_of  # noqa: F401 (an autouse fixture)
 
 from pgidgen import pgbin
 from pgidgen.config import Config
 from pgidgen.errors import SandboxError
-from pgidgen.move import MoveError, MoveOptions, move_shard, rollback_move
+from pgidgen.move import MoveError, MoveOptions, move_shard, resume_move, rollback_move
 
 
 def _children() -> list[str]:
@@ -148,3 +148,20 @@ def test_a_probe_stopped_while_it_connects_does_not_probe(config: Config) -> Non
         assert _pgidgen_sessions(config.databases) == 0
     finally:
         silent.close()
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_move_stopped_at_any_step_leaves_no_thread_child_or_connection(config: Config, point: str) -> None:
+    """A move that fails at any step (here: an exception at its crash-test point), to a fresh target whose
+    catalog goes in on a thread from the prepare step: when move_shard raises, none of its threads, child
+    processes or connections is left; its resume finishes the move, again leaving none."""
+    setup_shards(config, rows=50, databases=("db1",))
+    threads = set(threading.enumerate())
+    with pytest.raises(Crash):
+        move_shard(config, 1, "db3", hook=crash_at(point))
+    assert set(threading.enumerate()) == threads, "a thread of the failed move outlived it"
+    assert _children() == [] and _pgidgen_sessions(config.databases) == 0
+    report = resume_move(config, 1)
+    assert report.verification is not None and report.verification.ok
+    assert set(threading.enumerate()) == threads and _children() == [] and _pgidgen_sessions(config.databases) == 0
+    assert leftovers(config.databases) == []
