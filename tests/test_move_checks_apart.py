@@ -95,7 +95,9 @@ def test_a_refusal_beside_the_probe_leaves_nothing(config: Config, refusal: str)
 @pytest.mark.parametrize("point", ["prepare", "publication"])
 def test_the_first_refusal_is_the_interrupted_move_before_the_clients(config: Config, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
     """An interrupted move of the shard is named before missing client tools, as before the checks ran beside
-    the early pg_dump (prepare: the shard is still 'active' on the source, only the journal has the move)."""
+    the early pg_dump (prepare: the shard is still 'active' on the source, only the journal has the move).
+    locate_batch finds it first; the move's own checks, after the lock, keep that order too (they had the
+    clients first: seen with locate_batch's check taken out)."""
     setup_shards(config, rows=20)
     with pytest.raises(Crash):
         move_shard(config, 1, "db3", hook=crash_at(point))

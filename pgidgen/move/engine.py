@@ -140,11 +140,17 @@ def _move_batch(
             check_no_other_move(admin, ctx.source, busy)
             pid = lock_holder(admin, busy)
             raise MoveError(f"shard {busy} is being moved right now by another pgidgen", where=f"{ctx.source}, backend pid {pid}", hint="wait for it to finish")
-        check_clients(ctx, admin)
+        # the client tools pg_dump needs, looked at before it starts; a refusal comes in its turn, after the
+        # interrupted moves and the shards' states, as when the checks ran one after another
+        clients_refused: MoveError | None = None
+        try:
+            check_clients(ctx, admin)
+        except MoveError as e:
+            clients_refused = e
         # check_batch's catalog queries (some 20 ms, more on a database of many shards) on connections of their
         # own, beside the checks below; its answer is asked for in its turn, so the first finding is the same
         batch_checked = Background(lambda: _check_batch_apart(config, ctxs, ctx.source, target))
-        if not opts.offline:
+        if not opts.offline and clients_refused is None:
             # The schema's pg_dump (50-100 ms, most of it pg_dump reading the catalog; more on a busy server) runs
             # while the move is checked and journaled, instead of after the slot, where the rows wait for the
             # tables it creates. It starts once the shards are this process's (its table locks must not hold up
@@ -161,6 +167,8 @@ def _move_batch(
         gone = [s for s in shards if states.get(s) not in ("active", "moving")]
         if gone:
             raise ConflictError(f"shard{'s' if len(gone) > 1 else ''} {collapse(gone)} left database {ctx.source} while the move was starting", hint="see 'pgidgen map'")
+        if clients_refused is not None:
+            raise clients_refused
         read = read_tables_of(admin, [c.schema for c in ctxs])
         for c in ctxs:
             c.source_schema = c.schema
