@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -35,19 +36,26 @@ def _children() -> list[str]:
     return out
 
 
-def _pgidgen_sessions(dsns: dict[str, str]) -> int:
-    """Sessions of pgidgen's own connections (application_name pgidgen) on the servers of dsns."""
-    n = 0
-    for dsn in set(dsns.values()):
-        with psycopg.connect(dsn, autocommit=True) as c:
-            n += c.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgidgen' AND pid <> pg_backend_pid()").fetchone()[0]
-    return n
+def _pgidgen_sessions(dsns: dict[str, str]) -> list[tuple[Any, ...]]:
+    """Sessions of pgidgen's own connections (application_name pgidgen) on the servers of dsns, once those
+    closed have ended (a backend leaves pg_stat_activity a moment after its client closed the connection)."""
+    found: list[tuple[Any, ...]] = []
+    for _ in range(100):
+        found = []
+        for dsn in set(dsns.values()):
+            with psycopg.connect(dsn, autocommit=True) as c:
+                found += c.execute("SELECT datname, backend_type, state, left(query, 80) FROM pg_stat_activity"
+                                   " WHERE application_name = 'pgidgen' AND pid <> pg_backend_pid()").fetchall()
+        if not found:
+            break
+        time.sleep(0.05)
+    return found
 
 
 def _nothing_left(config: Config, threads: set[threading.Thread]) -> None:
     assert set(threading.enumerate()) == threads, "a thread of the refused move outlived it"
     assert _children() == [], "a child process of the refused move outlived it"
-    assert _pgidgen_sessions(config.databases) == 0, "a connection of the refused move is still open"
+    assert _pgidgen_sessions(config.databases) == [], "a connection of the refused move is still open"
     assert leftovers(config.databases) == []
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
         assert c.execute("SELECT count(*) FROM pgidgen.moves").fetchone()[0] == 0, "nothing journaled"
@@ -147,7 +155,7 @@ def test_a_probe_stopped_while_it_connects_does_not_probe(config: Config) -> Non
         assert set(threading.enumerate()) == threads
         with pytest.raises(BlockingIOError):
             silent.accept()  # nobody came
-        assert _pgidgen_sessions(config.databases) == 0
+        assert _pgidgen_sessions(config.databases) == []
     finally:
         silent.close()
 
@@ -162,8 +170,11 @@ def test_a_move_stopped_at_any_step_leaves_no_thread_child_or_connection(config:
     with pytest.raises(Crash):
         move_shard(config, 1, "db3", hook=crash_at(point))
     assert set(threading.enumerate()) == threads, "a thread of the failed move outlived it"
-    assert _children() == [] and _pgidgen_sessions(config.databases) == 0
+    assert _children() == []
+    assert _pgidgen_sessions(config.databases) == []
     report = resume_move(config, 1)
     assert report.verification is not None and report.verification.ok
-    assert set(threading.enumerate()) == threads and _children() == [] and _pgidgen_sessions(config.databases) == 0
+    assert set(threading.enumerate()) == threads
+    assert _children() == []
+    assert _pgidgen_sessions(config.databases) == []
     assert leftovers(config.databases) == []
