@@ -8,6 +8,7 @@ copy is authoritative and a rollback loses nothing; after it, the only way is fo
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -139,11 +140,17 @@ def _move_batch(
             check_no_other_move(admin, ctx.source, busy)
             pid = lock_holder(admin, busy)
             raise MoveError(f"shard {busy} is being moved right now by another pgidgen", where=f"{ctx.source}, backend pid {pid}", hint="wait for it to finish")
-        check_clients(ctx, admin)
+        # the client tools pg_dump needs, looked at before it starts; a refusal comes in its turn, after the
+        # interrupted moves and the shards' states, as when the checks ran one after another
+        clients_refused: MoveError | None = None
+        try:
+            check_clients(ctx, admin)
+        except MoveError as e:
+            clients_refused = e
         # check_batch's catalog queries (some 20 ms, more on a database of many shards) on connections of their
         # own, beside the checks below; its answer is asked for in its turn, so the first finding is the same
         batch_checked = Background(lambda: _check_batch_apart(config, ctxs, ctx.source, target))
-        if not opts.offline:
+        if not opts.offline and clients_refused is None:
             # The schema's pg_dump (50-100 ms, most of it pg_dump reading the catalog; more on a busy server) runs
             # while the move is checked and journaled, instead of after the slot, where the rows wait for the
             # tables it creates. It starts once the shards are this process's (its table locks must not hold up
@@ -160,6 +167,8 @@ def _move_batch(
         gone = [s for s in shards if states.get(s) not in ("active", "moving")]
         if gone:
             raise ConflictError(f"shard{'s' if len(gone) > 1 else ''} {collapse(gone)} left database {ctx.source} while the move was starting", hint="see 'pgidgen map'")
+        if clients_refused is not None:
+            raise clients_refused
         read = read_tables_of(admin, [c.schema for c in ctxs])
         for c in ctxs:
             c.source_schema = c.schema
@@ -223,18 +232,26 @@ def _check_batch_apart(config: Config, ctxs: list[ShardContext], source: str, ta
 class Probe:
     """check.probe_subscription on a target connection of its own, on a thread: result() is its answer (None: the
     login works); stop() cancels it if it still runs (a move that stopped at an earlier check does not wait for
-    the target to give up connecting) and ends the thread."""
+    the target to give up connecting: its walreceiver login heeds no connect_timeout) and ends the thread. A
+    probe stopped before its connection is up never starts; one whose statement was not yet sent when the cancel
+    came is cancelled again until it ends."""
 
     def __init__(self, name: str, dsn: str, conninfo: str) -> None:
         self.conn: psycopg.Connection[Any] | None = None
         self._done = False
+        self._stopped = False
+        self._lock = threading.Lock()
 
         def run() -> Refusal | None:
-            self.conn = connect(name, dsn, autocommit=True)
+            conn = connect(name, dsn, autocommit=True)
             try:
-                return probe_subscription(self.conn, conninfo)
+                with self._lock:
+                    if self._stopped:
+                        return None
+                    self.conn = conn
+                return probe_subscription(conn, conninfo)
             finally:
-                self.conn.close()
+                conn.close()
 
         self._thread: Background[Refusal | None] = Background(run)
 
@@ -244,14 +261,17 @@ class Probe:
         return value
 
     def stop(self) -> None:
-        if not self._done:
+        if self._done:
+            return
+        with self._lock:
+            self._stopped = True
+        while not self._thread.join(timeout=0.05):
             conn = self.conn
             if conn is not None and not conn.closed:
                 try:
                     conn.cancel_safe()
                 except (psycopg.Error, OSError):
                     pass
-            self._thread.join()
 
 
 def find_open_move(config: Config, shard: int) -> tuple[str, MoveRecord]:

@@ -153,10 +153,10 @@ class Background(Generic[T]):
         finally:
             self._done.set()
 
-    def join(self) -> None:
-        """Waits for fn. A Ctrl-C may interrupt it and it may be called again (a Thread.join() interrupted so can
-        return early the next time, before Python 3.13)."""
-        self._done.wait()
+    def join(self, timeout: float | None = None) -> bool:
+        """Waits for fn (at most timeout seconds: whether it ended). A Ctrl-C may interrupt it and it may be called
+        again (a Thread.join() interrupted so can return early the next time, before Python 3.13)."""
+        return self._done.wait(timeout)
 
     def result(self) -> T:
         self._done.wait()
