@@ -418,7 +418,7 @@ class Transfer:
                     if on_block is not None:
                         on_block(f"{schema}.{table.name}", len(block))
                 if p.proc.wait() != 0:
-                    raise _SourceFailed(p.error())
+                    raise _SourceFailed(p.error() + _status(p.proc.returncode))
         except _SourceFailed as e:
             raise MoveError(f"reading {schema}.{table.name} on the source failed: {e}") from None
         except psycopg.Error:
@@ -448,4 +448,14 @@ class Transfer:
 
 class _SourceFailed(Exception):
     pass
+
+
+def _status(code: int | None) -> str:
+    """How a client program ended, for a failure it printed nothing about (killed by a signal, say)."""
+    if code is None or code >= 0:
+        return f" (exit status {code})"
+    try:
+        return f" (killed by {signal.Signals(-code).name})"
+    except ValueError:
+        return f" (killed by signal {-code})"
 
