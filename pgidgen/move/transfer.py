@@ -26,9 +26,10 @@ import signal
 import subprocess
 import tempfile
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Sequence
+from typing import IO, Any, Callable, Iterator, Sequence
 
 import psycopg
 
@@ -143,14 +144,32 @@ OWN_GROUP: dict[str, Any] = {"start_new_session": True}
 _SETPRIV = shutil.which("setpriv")
 
 
+@contextmanager
+def sigint_held() -> Iterator[None]:
+    """SIGINT blocked on this thread while a child starts. Between its fork and its setsid() a child is still in
+    pgidgen's process group: a Ctrl-C (the group's SIGINT) that lands there stays pending in it, and kills the
+    client program once it runs (seen as a batch's source psql 'killed by SIGINT' at a rebalance's Ctrl-C). The
+    child inherits the blocked signal and keeps it pending, harmlessly (pgidgen stops its children with SIGKILL);
+    pgidgen itself takes the Ctrl-C on another thread, or on this one once the child has started."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def _spawn(argv: list[str], *, dies_with_parent: bool, **kwargs: Any) -> subprocess.Popen[bytes]:
     """A client program in a session of its own (OWN_GROUP)."""
     kwargs.update(OWN_GROUP)
-    if not dies_with_parent:
-        return subprocess.Popen(argv, **kwargs)
-    if _SETPRIV is not None:
-        return subprocess.Popen([_SETPRIV, "--pdeathsig", "KILL", "--", *argv], **kwargs)
-    return subprocess.Popen(argv, preexec_fn=die_with_parent, **kwargs)
+    with sigint_held():
+        if not dies_with_parent:
+            return subprocess.Popen(argv, **kwargs)
+        if _SETPRIV is not None:
+            return subprocess.Popen([_SETPRIV, "--pdeathsig", "KILL", "--", *argv], **kwargs)
+        return subprocess.Popen(argv, preexec_fn=die_with_parent, **kwargs)
 
 
 def last_line(text: str) -> str:

@@ -16,7 +16,7 @@ from ...layout import Layout
 from ...render import static_sql
 from .. import sqltext as q
 from ..context import MoveError
-from ..transfer import DUMP_OPTIONS, OWN_GROUP, last_line, script_of, tool
+from ..transfer import DUMP_OPTIONS, OWN_GROUP, last_line, script_of, sigint_held, tool
 from .base import Background, MoverBase
 
 
@@ -83,13 +83,15 @@ class PrepareSteps(MoverBase):
 
     def dump_schema(self) -> bytes:
         src_dsn, src_env = tool_args(self.config.dsn(self.ctx.source))
-        proc = subprocess.run(
-            [tool("pg_dump"), "--section=pre-data", *(f"--schema={c.schema}" for c in self.ctxs), *DUMP_OPTIONS, "-d", src_dsn],
-            capture_output=True, env=src_env, **OWN_GROUP,
-        )
+        with sigint_held():  # see transfer.sigint_held
+            proc = subprocess.Popen(
+                [tool("pg_dump"), "--section=pre-data", *(f"--schema={c.schema}" for c in self.ctxs), *DUMP_OPTIONS, "-d", src_dsn],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=src_env, **OWN_GROUP,
+            )
+        out, err = proc.communicate()
         if proc.returncode != 0:
-            raise MoveError(f"pg_dump of {self.ctx.schema} on {self.ctx.source} failed: {scrub(last_line(proc.stderr.decode(errors='replace')))}")
-        return script_of(proc.stdout, self.ctx.schema)
+            raise MoveError(f"pg_dump of {self.ctx.schema} on {self.ctx.source} failed: {scrub(last_line(err.decode(errors='replace')))}")
+        return script_of(out, self.ctx.schema)
 
     def step_schema(self) -> None:
         state = self._target_state()
