@@ -110,7 +110,7 @@ def test_ctrl_c_during_a_rebalance_leaves_nothing_half_done_and_the_next_one_con
         m = read_map(config)
         assert m.ok and {s: [n] for n, shards in m.databases.items() for s in shards} == held
         moved = len(m.databases["db2"]) + len(m.databases["db3"])
-        assert 0 < moved < len(plan.moves), f"the Ctrl-C stopped the rebalance part-way: {moved} of {len(plan.moves)} moved"
+        assert 0 < moved < len(plan.moves), f"the Ctrl-C stopped the rebalance part-way: {moved} of {len(plan.moves)} moved; caught {caught}, output:\n{err}"
         # the next rebalance continues to the planned balance
         again = pgidgen(config_file, "rebalance", "--by", "count", "--parallel", "2")
         out, err = again.communicate(timeout=600)

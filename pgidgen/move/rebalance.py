@@ -253,7 +253,10 @@ def rebalance(
                                          hook=hook, by=by, stop=stop))
     while True:
         try:
-            work.join()
+            # in short waits: Python runs a signal's handler on the main thread only, and a wait that never returns
+            # leaves a SIGINT the kernel handed to another thread unseen until the whole rebalance is over
+            while not work.join(0.05):
+                pass
             break
         except KeyboardInterrupt:
             stop.set()  # and wait on: a second Ctrl-C does not cut the batches in flight short either
