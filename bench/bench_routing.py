@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import psycopg
 
-from common import row, section, servers, timed
+from common import one_cpu, postmaster_pid, row, section, servers, timed
 
 from pgidgen import pgbouncer, sandbox
 from pgidgen.config import Config
@@ -112,7 +112,7 @@ def compare(label: str, config: Config, plain_dsn: str, some_id: int, **plain_kw
                 row("1 thread: client CPU, Router.run write", m["rw cpu"], "us", m["bw cpu"], "of plain")
                 row("1 thread: client CPU, plain read", m["br cpu"], "us")
                 row("1 thread: client CPU, Router.run read_only", m["rr cpu"], "us", m["br cpu"], "of plain")
-        if label == "direct":
+        if label.startswith("direct, placed"):
 
             def routed_locate() -> Callable[[int], Any]:
                 return lambda i: router.database_for(router.shard_for(i))
@@ -128,7 +128,10 @@ def run() -> None:
             conn.execute("SET search_path = shard_5")
             conn.execute("CREATE TABLE items (id bigint PRIMARY KEY DEFAULT next_id(), k bigint NOT NULL)")
             some_id = conn.execute(INSERT, (0,)).fetchone()[0]  # type: ignore[index]
-        compare("direct", config, srv[0].dsn, some_id)
+        pm = postmaster_pid(srv[0])
+        with one_cpu([pm]) as cpu:
+            compare(f"direct, client and server on CPU {cpu}", config, srv[0].dsn, some_id)
+        compare("direct, placed by the scheduler", config, srv[0].dsn, some_id)
         if pgbouncer.find() is None:
             section("through PgBouncer: skipped, pgbouncer is not installed (make deps installs it)")
         else:
@@ -137,7 +140,10 @@ def run() -> None:
             try:
                 pooled = Config(layout=config.layout, databases={"db1": srv[0].dsn}, app_dsns={"db1": bouncer.dsn("db1")})
                 # plain psycopg behind a transaction pooler must not prepare statements either
-                compare("through PgBouncer (transaction mode)", pooled, bouncer.dsn("db1"), some_id, prepare_threshold=None)
+                with one_cpu([pm, bouncer.proc.pid]) as cpu:
+                    compare(f"through PgBouncer (transaction mode), client, pgbouncer and server on CPU {cpu}", pooled, bouncer.dsn("db1"), some_id,
+                            prepare_threshold=None)
+                compare("through PgBouncer (transaction mode), placed by the scheduler", pooled, bouncer.dsn("db1"), some_id, prepare_threshold=None)
             finally:
                 bouncer.stop()
                 shutil.rmtree(root, ignore_errors=True)

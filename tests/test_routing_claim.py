@@ -146,12 +146,13 @@ def test_a_first_statement_without_parameters_may_hold_several(router: Router, s
     assert count(sharded.dsn("db1"), "shard_7") == 0
 
 
-@pytest.mark.parametrize("way", ["DEALLOCATE ALL first", "DEALLOCATE the claim by name"])
+@pytest.mark.parametrize("way", ["DEALLOCATE ALL first", "DEALLOCATE the claim by name", "DEALLOCATE the BEGIN by name"])
 def test_a_unit_that_deallocates_does_not_break_the_next(sharded: Config, way: str) -> None:
     """The claim is prepared once per connection. A unit that drops prepared statements (DEALLOCATE ALL as its
-    first statement, sent with the claim in one simple query; or the claim's statement by name, which psycopg's
-    cache never notices) must not make the next unit on that connection fail with 26000: the cache forgets what
-    the server dropped, or the claim is prepared again, in the same unit of work, before anything of it runs."""
+    first statement, sent with the claim in one simple query; or the claim's statement, or the unit's prepared
+    BEGIN, by name, which psycopg's cache never notices) must not make the next unit on that connection fail with
+    26000: the cache forgets what the server dropped, or they are prepared again, in the same unit of work, before
+    anything of it runs."""
     with Router(sharded, listen=False, min_size=1, max_size=1) as r:
         with r._connection("db1") as conn:  # the pool's only connection
             pass
@@ -161,7 +162,8 @@ def test_a_unit_that_deallocates_does_not_break_the_next(sharded: Config, way: s
             if way == "DEALLOCATE ALL first":
                 c.execute("DEALLOCATE ALL")
             else:
-                row = c.execute("SELECT name FROM pg_prepared_statements WHERE statement LIKE %s", ("%claim_shard%",)).fetchone()
+                pattern = "%claim_shard%" if "claim" in way else "BEGIN"
+                row = c.execute("SELECT name FROM pg_prepared_statements WHERE statement LIKE %s", (pattern,)).fetchone()
                 assert row is not None
                 c.execute(psycopg.sql.SQL("DEALLOCATE {}").format(psycopg.sql.Identifier(row[0])))
 
