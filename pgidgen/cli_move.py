@@ -151,12 +151,12 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
     else:
         click.echo("\n".join(line for r in reports for line in r.lines()))
     if interrupted is not None:
-        again = _move_command(ctx, collapse(interrupted.left), interrupted.target)
+        again = scrub(_move_command(ctx, collapse(interrupted.left), interrupted.target))  # a --subscription-dsn's password
         moved = len(shards) - len(interrupted.left)
         left = f"shard{'s' if len(interrupted.left) > 1 else ''} {collapse(interrupted.left)}"
-        raise click.ClickException(scrub(
+        raise click.ClickException(
             f"move-shard interrupted: {moved} of {len(shards)} shards moved to {interrupted.target} (the batch in flight finished or rolled back,"
-            f" no other started); {left} did not move: run '{again}' to move the rest"))
+            f" no other started); {left} did not move: run '{again}' to move the rest")
     if any(r.verification is not None and not r.verification.ok for r in reports):
         ctx.exit(1)
 
