@@ -459,5 +459,6 @@ class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateSte
 
 __all__ = [
     "Background", "CopyProgress", "CutoverAborted", "Hook", "MoveOptions", "MoveReport", "Mover", "drop_slots", "ensure_catalog",
-    "find_open_move", "measure_skew", "move_shard", "move_shards", "move_shards_interruptible", "MovesInterrupted", "plan_shards", "resume_move", "rollback_move", "stop_hook_from_env", "teardown",
+    "find_open_move", "measure_skew", "move_shard", "move_shards", "move_shards_interruptible", "MovesInterrupted", "plan_shards",
+    "resume_move", "rollback_move", "stop_hook_from_env", "teardown",
 ]

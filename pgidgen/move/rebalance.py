@@ -247,7 +247,7 @@ def rebalance(
 
     Ctrl-C (KeyboardInterrupt, which Python raises in the main thread) lets the batches in flight finish (or roll
     back, when their cutover does not fit) and starts no other, then raises Interrupted with what was done: the
-    moves run on other threads, so the interrupt never lands inside a step; this one only waits."""
+    moves run on other threads, so the interrupt never lands inside a step; this one only waits (run_stoppable)."""
     _check_parallel(parallel)
     result, interrupted = run_stoppable(lambda stop: _rebalance(config, databases, parallel=parallel, options=options, on_done=on_done,
                                                                 on_batch=on_batch, hook=hook, by=by, stop=stop))
