@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+import signal
 import time
 from typing import Any
 
@@ -75,6 +77,7 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
     and crash-safe. A set moves in batches: one replication stream and one write pause each."""
     from . import move
     from .errors import InputError
+    from .move.steps.base import run_stoppable
     from .ranges import collapse, expand
 
     config = get_config(ctx)
@@ -122,21 +125,55 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
             ctx.exit(1)
         return
     bar = _CopyBar(interactive(as_json), f"copying shard{'s' if len(shards) > 1 else ''} {collapse(shards)}")
+
+    def notice() -> None:
+        """At the first Ctrl-C: what happens now (the move runs on another thread; see move_shards_interruptible).
+        Later ones are let go by from then on (the command is the process's last work): none cuts short the lines
+        it prints at the end either."""
+        signal.signal(signal.SIGINT, lambda *_: None)
+        click.echo(("\n" if bar._bar is not None else "")
+                   + "pgidgen: Ctrl-C: finishing the batch in flight, then stopping (a second Ctrl-C does not cut it short)", err=True)
+
+    interrupted: move.MovesInterrupted | None = None
     try:
         if rollback:
             reports = [move.rollback_move(config, shards[0])]
-        elif resume:
-            reports = [move.resume_move(config, shards[0], options=opts, progress=bar.show)]
+        elif resume:  # one batch: a Ctrl-C lets it finish
+            reports = [run_stoppable(lambda _: move.resume_move(config, shards[0], options=opts, progress=bar.show), on_interrupt=notice)[0]]
         else:
-            reports = move.move_shards(config, shards, target or "", options=opts, progress=bar.show)
+            reports = move.move_shards_interruptible(config, shards, target or "", options=opts, progress=bar.show, on_interrupt=notice)
+    except move.MovesInterrupted as e:
+        reports, interrupted = e.reports, e
     finally:
         bar.close()
     if as_json:
         click.echo(json.dumps(reports[0].as_dict() if len(reports) == 1 else {"batches": [r.as_dict() for r in reports]}, indent=2))
     else:
         click.echo("\n".join(line for r in reports for line in r.lines()))
+    if interrupted is not None:
+        again = scrub(_move_command(ctx, collapse(interrupted.left), interrupted.target))  # a --subscription-dsn's password
+        moved = len(shards) - len(interrupted.left)
+        left = f"shard{'s' if len(interrupted.left) > 1 else ''} {collapse(interrupted.left)}"
+        raise click.ClickException(
+            f"move-shard interrupted: {moved} of {len(shards)} shards moved to {interrupted.target} (the batch in flight finished or rolled back,"
+            f" no other started); {left} did not move: run '{again}' to move the rest")
     if any(r.verification is not None and not r.verification.ok for r in reports):
         ctx.exit(1)
+
+
+def _move_command(ctx: click.Context, shards: str, target: str) -> str:
+    """The command line that moves shards to target with this command's options (and --config, when given)."""
+    words = ["pgidgen"]
+    parent = ctx.parent
+    if parent is not None and parent.get_parameter_source("config_path") == click.core.ParameterSource.COMMANDLINE:
+        words += ["--config", parent.params["config_path"]]
+    words += ["move-shard", shards, target]
+    for name, value in ctx.params.items():
+        if name in ("shard", "target") or value in (None, False) or ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE:
+            continue
+        flag = next(o for o in ctx.command.params if o.name == name).opts[0]  # type: ignore[union-attr]
+        words += [flag] if value is True else [flag, str(value)]
+    return shlex.join(words)
 
 
 # -- rebalance -----------------------------------------------------------------------------------------

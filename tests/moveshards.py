@@ -82,6 +82,47 @@ def journal_statuses(dsns: dict[str, str]) -> dict[str, int]:
     return out
 
 
+#: The client programs pgidgen runs (setpriv: as the servers' user, in the tests).
+CLIENTS = ("pg_dump", "pg_restore", "psql", "setpriv")
+
+
+def children(pid: int) -> list[tuple[int, str]]:
+    """The live child processes of pid (of any of its threads), with their program names."""
+    found = []
+    for f in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            pids = f.read_text().split()
+        except OSError:
+            continue
+        for c in pids:
+            try:
+                stat = Path(f"/proc/{c}/stat").read_text()
+            except OSError:
+                continue
+            if stat[stat.rindex(")") + 2] != "Z":
+                found.append((int(c), stat[stat.index("(") + 1:stat.rindex(")")]))
+    return found
+
+
+def serving(config: Config) -> dict[int, list[str]]:
+    """shard -> the databases whose catalog has it active."""
+    out: dict[int, list[str]] = {}
+    for name, dsn in config.databases.items():
+        with psycopg.connect(dsn, autocommit=True) as c:
+            if c.execute("SELECT to_regclass('pgidgen.shards')").fetchone()[0] is None:  # type: ignore[index]
+                continue
+            for (s,) in c.execute("SELECT shard FROM pgidgen.shards WHERE state = 'active'"):
+                out.setdefault(int(s), []).append(name)
+    return out
+
+
+def pgidgen(config_file: Path, *args: str) -> subprocess.Popen[str]:
+    """pgidgen in a process group of its own (its pid is the group's id), as a shell runs a foreground job: the
+    group's SIGINT is a Ctrl-C."""
+    return subprocess.Popen([str(Path(sys.executable).parent / "pgidgen"), "--config", str(config_file), *args],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
 def start_cli(config_file: Path, *args: str, stop_at: str | None = None) -> subprocess.Popen[str]:
     env = dict(os.environ)
     if stop_at:

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psycopg
 import pytest
 from movekit import Writer, leftovers
-from moveshards import journal_statuses, quick_subscription_start, rows_of, setup_on_one  # noqa: F401 (an autouse fixture)
+from moveshards import (  # noqa: F401 (quick_subscription_start: an autouse fixture)
+    CLIENTS, children, journal_statuses, pgidgen, quick_subscription_start, rows_of, serving, setup_on_one,
+)
 
 from pgidgen.config import Config
 from pgidgen.move.rebalance import plan_rebalance, work_units
@@ -22,44 +22,6 @@ from pgidgen.shardmap import read_map
 pytestmark = pytest.mark.sensitive  # replication workers and signals differ between majors: runs on every one
 
 SHARDS = 60  # all on db1; by count over three databases: 40 moves, 20 per pair, each pair in several batches
-CLIENTS = ("pg_dump", "pg_restore", "psql", "setpriv")
-
-
-def children(pid: int) -> list[tuple[int, str]]:
-    """The live child processes of pid (of any of its threads), with their program names."""
-    found = []
-    for f in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            pids = f.read_text().split()
-        except OSError:
-            continue
-        for c in pids:
-            try:
-                stat = Path(f"/proc/{c}/stat").read_text()
-            except OSError:
-                continue
-            if stat[stat.rindex(")") + 2] != "Z":
-                found.append((int(c), stat[stat.index("(") + 1:stat.rindex(")")]))
-    return found
-
-
-def serving(config: Config) -> dict[int, list[str]]:
-    """shard -> the databases whose catalog has it active."""
-    out: dict[int, list[str]] = {}
-    for name, dsn in config.databases.items():
-        with psycopg.connect(dsn, autocommit=True) as c:
-            if c.execute("SELECT to_regclass('pgidgen.shards')").fetchone()[0] is None:  # type: ignore[index]
-                continue
-            for (s,) in c.execute("SELECT shard FROM pgidgen.shards WHERE state = 'active'"):
-                out.setdefault(int(s), []).append(name)
-    return out
-
-
-def pgidgen(config_file: Path, *args: str) -> subprocess.Popen[str]:
-    """pgidgen in a process group of its own (its pid is the group's id), as a shell runs a foreground job: the
-    group's SIGINT is a Ctrl-C."""
-    return subprocess.Popen([str(Path(sys.executable).parent / "pgidgen"), "--config", str(config_file), *args],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def test_ctrl_c_during_a_rebalance_leaves_nothing_half_done_and_the_next_one_continues(config: Config, config_file: Path) -> None:

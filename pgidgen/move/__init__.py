@@ -19,10 +19,13 @@ from __future__ import annotations
 
 from .cleanup import CleanupReport, cleanup, verify_move
 from .context import MoveError
-from .engine import CopyProgress, MoveOptions, MoveReport, move_shard, move_shards, plan_shards, resume_move, rollback_move
+from .engine import (
+    CopyProgress, MoveOptions, MoveReport, MovesInterrupted, move_shard, move_shards, move_shards_interruptible, plan_shards, resume_move,
+    rollback_move,
+)
 from .plan import plan_move
 
 __all__ = [
-    "CleanupReport", "CopyProgress", "MoveError", "MoveOptions", "MoveReport",
-    "cleanup", "move_shard", "move_shards", "plan_move", "plan_shards", "resume_move", "rollback_move", "verify_move",
+    "CleanupReport", "CopyProgress", "MoveError", "MoveOptions", "MoveReport", "MovesInterrupted",
+    "cleanup", "move_shard", "move_shards", "move_shards_interruptible", "plan_move", "plan_shards", "resume_move", "rollback_move", "verify_move",
 ]

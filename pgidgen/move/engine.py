@@ -36,7 +36,7 @@ from .journal import Journal, MoveRecord, lock_holder, open_move, release, retir
 from .transfer import COPY_SECTIONS, SchemaDump
 from .steps.activate import ActivateStep
 from .steps.base import (
-    Background, CopyProgress, CutoverAborted, Hook, MoveOptions, MoveReport, PauseExceeded, stop_hook_from_env,
+    Background, CopyProgress, CutoverAborted, Hook, MoveOptions, MoveReport, PauseExceeded, run_stoppable, stop_hook_from_env,
 )
 from .steps.copy import CopySteps
 from .steps.cutover import CutoverSteps
@@ -78,7 +78,8 @@ def move_shards(
     subscription, consistent copy, catch-up and cutover, all its shards flipping in one transaction. A batch is
     as large as its estimated write pause allows (see batches.py); a batch whose cutover still did not fit
     --max-pause is rolled back (nothing flipped) and moved again as two halves. One report per batch moved;
-    should_stop() is asked before each batch (rebalance's Ctrl-C: the batch in flight finishes, no other starts)."""
+    should_stop() is asked before each batch (a Ctrl-C of rebalance or move-shard: the batch in flight finishes, no
+    other starts; see move_shards_interruptible)."""
     opts = options or MoveOptions()
     wanted = sorted(set(shards))
     if not wanted:
@@ -103,6 +104,40 @@ def move_shards(
         reports.append(report)
         if on_batch is not None:
             on_batch(report)
+    return reports
+
+
+class MovesInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a move of a set of shards between batches: the batch in flight finished (or rolled back, when
+    its cutover did not fit), no other started. reports: the batches moved; left: the shards that did not move."""
+
+    def __init__(self, reports: list[MoveReport], left: list[int], target: str) -> None:
+        super().__init__("move-shard interrupted")
+        self.reports, self.left, self.target = reports, left, target
+
+
+def move_shards_interruptible(
+    config: Config,
+    shards: Sequence[int],
+    target: str,
+    *,
+    options: MoveOptions | None = None,
+    progress: Callable[[CopyProgress], None] | None = None,
+    hook: Hook | None = None,
+    on_interrupt: Callable[[], None] | None = None,
+) -> list[MoveReport]:
+    """move_shards for the main thread of a program a terminal's Ctrl-C may stop (the CLI): the moves run on a
+    thread of their own (run_stoppable), so a Ctrl-C never lands inside a step. It lets the batch in flight
+    finish (or roll back) and starts no other, then raises MovesInterrupted; a second one does not cut the batch
+    short either. A Ctrl-C during the last batch changes nothing: the reports are returned."""
+    reports: list[MoveReport] = []
+    _, interrupted = run_stoppable(lambda stop: move_shards(config, shards, target, options=options, progress=progress, hook=hook,
+                                                            on_batch=reports.append, should_stop=stop.is_set),
+                                   on_interrupt=on_interrupt)
+    moved = {s for r in reports for s in r.shards}
+    left = [s for s in sorted(set(shards)) if s not in moved]
+    if interrupted and left:
+        raise MovesInterrupted(reports, left, target)
     return reports
 
 
@@ -424,5 +459,6 @@ class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateSte
 
 __all__ = [
     "Background", "CopyProgress", "CutoverAborted", "Hook", "MoveOptions", "MoveReport", "Mover", "drop_slots", "ensure_catalog",
-    "find_open_move", "measure_skew", "move_shard", "move_shards", "plan_shards", "resume_move", "rollback_move", "stop_hook_from_env", "teardown",
+    "find_open_move", "measure_skew", "move_shard", "move_shards", "move_shards_interruptible", "MovesInterrupted", "plan_shards",
+    "resume_move", "rollback_move", "stop_hook_from_env", "teardown",
 ]

@@ -26,8 +26,9 @@ from ..ranges import collapse
 from ..sizes import human, read_sizes
 from .balance import spread_bytes
 from .context import MoveError, preflight, read_states
-from .engine import Background, Hook, MoveOptions, MoveReport, ensure_catalog, move_shards, plan_shards, resume_move
+from .engine import Hook, MoveOptions, MoveReport, ensure_catalog, move_shards, plan_shards, resume_move
 from .journal import has_journal
+from .steps.base import run_stoppable
 
 
 @dataclass
@@ -246,22 +247,11 @@ def rebalance(
 
     Ctrl-C (KeyboardInterrupt, which Python raises in the main thread) lets the batches in flight finish (or roll
     back, when their cutover does not fit) and starts no other, then raises Interrupted with what was done: the
-    moves run on other threads, so the interrupt never lands inside a step; this one only waits."""
+    moves run on other threads, so the interrupt never lands inside a step; this one only waits (run_stoppable)."""
     _check_parallel(parallel)
-    stop = threading.Event()
-    work = Background(lambda: _rebalance(config, databases, parallel=parallel, options=options, on_done=on_done, on_batch=on_batch,
-                                         hook=hook, by=by, stop=stop))
-    while True:
-        try:
-            # in short waits: Python runs a signal's handler on the main thread only, and a wait that never returns
-            # leaves a SIGINT the kernel handed to another thread unseen until the whole rebalance is over
-            while not work.join(0.05):
-                pass
-            break
-        except KeyboardInterrupt:
-            stop.set()  # and wait on: a second Ctrl-C does not cut the batches in flight short either
-    result = work.result()
-    if stop.is_set():
+    result, interrupted = run_stoppable(lambda stop: _rebalance(config, databases, parallel=parallel, options=options, on_done=on_done,
+                                                                on_batch=on_batch, hook=hook, by=by, stop=stop))
+    if interrupted:
         raise Interrupted(result)
     return result
 

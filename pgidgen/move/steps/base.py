@@ -165,6 +165,32 @@ class Background(Generic[T]):
         return self._value  # type: ignore[return-value]
 
 
+def run_stoppable(fn: Callable[[threading.Event], T], *, on_interrupt: Callable[[], None] | None = None) -> tuple[T, bool]:
+    """fn(stop) on a thread of its own while this thread (the main one) only waits: Python raises a Ctrl-C's
+    KeyboardInterrupt in the main thread, so it never lands inside one of fn's steps; it sets stop, which fn heeds
+    between batches (the ones in flight finish, or roll back), and the wait goes on. A second Ctrl-C does not cut
+    fn short either (kill does; the journal then says where it stood). fn's result (or what it raised), and
+    whether a Ctrl-C came; on_interrupt() runs at the first."""
+    stop = threading.Event()
+    work = Background(lambda: fn(stop))
+    while True:
+        try:
+            # in short waits: Python runs a signal's handler on the main thread only, and a wait that never returns
+            # leaves a SIGINT the kernel handed to another thread unseen until fn is over
+            while not work.join(0.05):
+                pass
+            break
+        except KeyboardInterrupt:
+            first = not stop.is_set()
+            stop.set()
+            if first and on_interrupt is not None:
+                try:
+                    on_interrupt()
+                except KeyboardInterrupt:
+                    pass
+    return work.result(), stop.is_set()
+
+
 class CutoverAborted(Exception):
     """Catch-up or the lock did not fit in --max-pause: the source was left serving."""
 

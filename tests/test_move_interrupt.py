@@ -1,0 +1,107 @@
+"""Ctrl-C during `pgidgen move-shard` of a set, as a terminal sends it: SIGINT to the whole foreground process group
+(twice). The batch in flight finishes, no other starts, nothing is left half-done, and the command the error line
+names moves the rest."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from movekit import Writer, leftovers
+from moveshards import (  # noqa: F401 (quick_subscription_start: an autouse fixture)
+    CLIENTS, children, journal_statuses, pgidgen, quick_subscription_start, rows_of, serving, setup_on_one,
+)
+
+from pgidgen.config import Config
+from pgidgen.move import plan_shards
+from pgidgen.ranges import collapse
+from pgidgen.shardmap import read_map
+
+pytestmark = pytest.mark.sensitive  # replication workers and signals differ between majors: runs on every one
+
+SHARDS = 40  # all on db1, moved to db2 in several batches (by their estimated pause)
+
+
+def test_ctrl_c_during_move_shard_finishes_the_batch_in_flight_and_the_printed_command_moves_the_rest(
+    config: Config, config_file: Path,
+) -> None:
+    setup_on_one(config, SHARDS, rows=50)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:  # a table too large to come through pgidgen: a psql streams it
+        c.execute("CREATE TABLE shard_0.big (id int PRIMARY KEY, note text)")
+        c.execute("INSERT INTO shard_0.big SELECT g, md5(g::text) FROM generate_series(1, 30000) g")
+    batches = plan_shards(config, range(SHARDS), "db2")
+    assert len(batches) >= 3, [b.shards for b in batches]
+    # writers on a shard of the first batch (in flight at the Ctrl-C) and one of the last (moved by the second run)
+    watched = [0, SHARDS - 1]
+    assert SHARDS - 1 not in batches[0].shards
+    before = {s: rows_of(config.dsn("db1"), f"shard_{s}") for s in watched}
+    writers = {s: Writer(config.databases, s) for s in watched}
+    for w in writers.values():
+        w.start()
+    try:
+        proc = pgidgen(config_file, "move-shard", f"0-{SHARDS - 1}", "db2")
+        try:
+            caught: list[tuple[int, str]] = []
+            while proc.poll() is None:
+                kids = [k for k in children(proc.pid) if k[1] in CLIENTS]
+                if kids and (st := journal_statuses(config.databases)).get("running") and not st.get("done"):  # the first batch
+                    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+                    caught = kids
+                    break
+                time.sleep(0.001)
+            time.sleep(0.01)
+            twice = bool(caught and journal_statuses(config.databases).get("running"))
+            if twice:
+                os.killpg(proc.pid, signal.SIGINT)  # and again: the batch in flight still finishes
+            out, err = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert caught, f"the first batch ended before it was seen in flight with a client program running:\n{err}"
+        assert twice, f"the first batch ended before the second Ctrl-C:\n{err}"
+        assert proc.returncode == 1, (proc.returncode, out, err)
+        assert "Traceback" not in err, err
+        # nothing half-done: every journaled move finished, no replication object left, one server per shard
+        assert set(journal_statuses(config.databases)) <= {"done", "rolled_back"}, journal_statuses(config.databases)
+        assert leftovers(config.databases) == []
+        held = serving(config)
+        assert sorted(held) == list(range(SHARDS)) and all(len(v) == 1 for v in held.values()), held
+        m = read_map(config)
+        assert m.ok and {s: [n] for n, shards in m.databases.items() for s in shards} == held
+        moved = sorted(m.databases.get("db2", []))
+        assert 0 < len(moved) < SHARDS, f"the Ctrl-C stopped the move part-way: {len(moved)} of {SHARDS} moved; caught {caught}, output:\n{err}"
+        assert 0 in moved and SHARDS - 1 not in moved
+        errors = [ln for ln in err.splitlines() if ln.startswith("Error:")]
+        assert len(errors) == 1, err
+        assert [ln for ln in err.splitlines() if ln not in errors] == [
+            "pgidgen: Ctrl-C: finishing the batch in flight, then stopping (a second Ctrl-C does not cut it short)"], err
+        assert out.startswith(f"moved shards 0-{moved[-1]} from db1 to db2"), out  # the report of the batch that finished
+        left = list(range(moved[-1] + 1, SHARDS))
+        again = f"pgidgen --config {shlex.quote(str(config_file))} move-shard {collapse(left)} db2"
+        assert errors[0] == (f"Error: move-shard interrupted: {len(moved)} of {SHARDS} shards moved to db2 (the batch in flight finished"
+                             f" or rolled back, no other started); shard{'s' if len(left) > 1 else ''} {collapse(left)} did not move:"
+                             f" run '{again}' to move the rest"), errors
+        # the command it names moves the rest
+        words = shlex.split(re.search(r"run '(.+)' to move the rest$", errors[0]).group(1))  # type: ignore[union-attr]
+        rest = subprocess.run([str(Path(sys.executable).parent / "pgidgen"), *words[1:]], capture_output=True, text=True, timeout=600)
+        assert rest.returncode == 0, (rest.stdout, rest.stderr)
+    finally:
+        for w in writers.values():
+            w.stop()
+    m = read_map(config)
+    assert m.ok and sorted(m.databases["db2"]) == list(range(SHARDS)) and not m.databases.get("db1"), m.databases
+    assert set(journal_statuses(config.databases)) <= {"done"} and leftovers(config.databases) == []
+    for s, w in writers.items():
+        assert serving(config)[s] == ["db2"]
+        ids = [r[0] for r in rows_of(config.dsn("db2"), f"shard_{s}")]
+        assert len(w.ids) > 0 and len(set(w.ids)) == len(w.ids), f"shard {s}: an ID acknowledged twice"
+        assert w.ids == sorted(w.ids), f"shard {s}: IDs after its move are not greater than those before"
+        assert sorted(ids) == sorted([r[0] for r in before[s]] + w.ids), f"shard {s}: rows lost or duplicated"
