@@ -280,15 +280,16 @@ def subscribe_quietly(conn: psycopg.Connection[Any], create: str, *, keep: bool,
     the move) for as long as TCP lets it, minutes. A timeout and a cancel both end it with 57014; the block
     itself tells them apart, so that no Python-side bookkeeping of who cancelled is needed and a cancel from
     anywhere (Ctrl-C, engine.Probe.stop, pg_cancel_backend) stays a cancel: the timeout fires only once the
-    statement has run for the whole wait, a cancel that came sooner did not. A timeout is a Refusal (57014, what
-    to check, the source's host:port); a cancel raises KeyboardInterrupt (reported as interrupted)."""
+    statement has run for the whole wait (and so has its transaction, begun just before it: the timer's start is
+    no earlier than the transaction's, whatever the protocol), a cancel that came sooner did not. A timeout is a
+    Refusal (57014, the source's host:port); a cancel raises KeyboardInterrupt (reported as interrupted)."""
     tag = f"pgidgen_{secrets.token_hex(6)}"
     wait = login_wait(conninfo)
     undo = "" if keep else "RAISE SQLSTATE 'PGIDG' USING MESSAGE = 'pgidgen: undo';"
     body = (f"BEGIN {create.rstrip().rstrip(';')}; {undo}"
             f" EXCEPTION WHEN OTHERS OR query_canceled THEN PERFORM pg_catalog.set_config('pgidgen.subscribe_error',"
             f" CASE WHEN SQLSTATE = 'PGIDG' THEN ''"
-            f" WHEN SQLSTATE = '57014' AND pg_catalog.clock_timestamp() - pg_catalog.statement_timestamp() >= interval '{wait} s'"
+            f" WHEN SQLSTATE = '57014' AND pg_catalog.clock_timestamp() - pg_catalog.transaction_timestamp() >= interval '{wait} s'"
             f" THEN 'timeout' ELSE SQLSTATE || ' ' || SQLERRM END, true); END")
     with conn.transaction():
         conn.execute(f"SET LOCAL statement_timeout = '{wait}s'".encode())
@@ -298,7 +299,7 @@ def subscribe_quietly(conn: psycopg.Connection[Any], create: str, *, keep: bool,
     if not reason:
         return None
     if reason == "timeout":
-        return Refusal("57014", f"the source at {address(conninfo)} did not answer the login within {wait} s"
+        return Refusal("57014", f"the source at {redact.scrub(address(conninfo))} did not answer the login within {wait} s"
                        " (a server that accepts connections and never answers, or a network that drops them)")
     sqlstate, _, message = reason.partition(" ")
     if sqlstate == "57014":
