@@ -234,33 +234,73 @@ def conninfo_for_subscription(dsn: str, source: psycopg.Connection[Any]) -> str:
 
 #: seconds a subscription's login to the source may take (probe and move)
 CONNECT_TIMEOUT = 10
+#: seconds CREATE SUBSCRIPTION may take beyond its login's connect_timeout (what follows the login: the probe's
+#: refused setting, the move's list of published tables)
+LOGIN_MARGIN = 5
 
 
 @dataclass
 class Refusal:
-    """Why PostgreSQL refused a CREATE SUBSCRIPTION: its SQLSTATE and message (one line, scrubbed)."""
+    """Why PostgreSQL refused a CREATE SUBSCRIPTION: its SQLSTATE and message (one line, scrubbed). 57014: the
+    source did not answer the login in time (subscribe_quietly)."""
 
     sqlstate: str
     message: str
 
 
-def subscribe_quietly(conn: psycopg.Connection[Any], create: str, *, keep: bool) -> Refusal | None:
+def login_wait(conninfo: str) -> int:
+    """Seconds a CREATE SUBSCRIPTION with conninfo may run: its connect_timeout (CONNECT_TIMEOUT when it has none
+    that bounds anything) and LOGIN_MARGIN."""
+    given = psycopg.conninfo.conninfo_to_dict(conninfo).get("connect_timeout")
+    try:
+        seconds = int(str(given).strip())
+    except ValueError:
+        seconds = 0
+    return (seconds if seconds > 0 else CONNECT_TIMEOUT) + LOGIN_MARGIN
+
+
+def address(conninfo: str) -> str:
+    """host:port of a connection string (each of a list), for messages: no password, no other setting."""
+    params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    hosts = str(params.get("host") or params.get("hostaddr") or "localhost").split(",")
+    ports = str(params.get("port") or "5432").split(",")
+    ports += [ports[-1]] * (len(hosts) - len(ports))
+    return ",".join(f"{h or 'localhost'}:{p or '5432'}" for h, p in zip(hosts, ports))
+
+
+def subscribe_quietly(conn: psycopg.Connection[Any], create: str, *, keep: bool, conninfo: str) -> Refusal | None:
     """Run a CREATE SUBSCRIPTION statement (which holds a password) so that its failure cannot put its text in
     the server's log: a failed statement is logged with its text (log_min_error_statement, which only a superuser
     may lower), an error caught in PL/pgSQL is not (a cancel included: Ctrl-C). None when it worked (kept, or
     undone when not keep), else PostgreSQL's refusal. conn must be idle. (A server that logs every statement,
-    log_statement = all or log_min_duration_statement = 0, logs this one too: see the guide.)"""
+    log_statement = all or log_min_duration_statement = 0, logs this one too: see the guide.)
+
+    The statement runs under a statement_timeout of login_wait(conninfo) seconds: the walreceiver's login inside
+    it heeds no connect_timeout, so a source that accepts the connection and never answers would hold it (and
+    the move) for as long as TCP lets it, minutes. A timeout and a cancel both end it with 57014; the block
+    itself tells them apart, so that no Python-side bookkeeping of who cancelled is needed and a cancel from
+    anywhere (Ctrl-C, engine.Probe.stop, pg_cancel_backend) stays a cancel: the timeout fires only once the
+    statement has run for the whole wait (and so has its transaction, begun just before it: the timer's start is
+    no earlier than the transaction's, whatever the protocol), a cancel that came sooner did not. A timeout is a
+    Refusal (57014, the source's host:port); a cancel raises KeyboardInterrupt (reported as interrupted)."""
     tag = f"pgidgen_{secrets.token_hex(6)}"
+    wait = login_wait(conninfo)
     undo = "" if keep else "RAISE SQLSTATE 'PGIDG' USING MESSAGE = 'pgidgen: undo';"
     body = (f"BEGIN {create.rstrip().rstrip(';')}; {undo}"
             f" EXCEPTION WHEN OTHERS OR query_canceled THEN PERFORM pg_catalog.set_config('pgidgen.subscribe_error',"
-            f" CASE WHEN SQLSTATE = 'PGIDG' THEN '' ELSE SQLSTATE || ' ' || SQLERRM END, true); END")
+            f" CASE WHEN SQLSTATE = 'PGIDG' THEN ''"
+            f" WHEN SQLSTATE = '57014' AND pg_catalog.clock_timestamp() - pg_catalog.transaction_timestamp() >= interval '{wait} s'"
+            f" THEN 'timeout' ELSE SQLSTATE || ' ' || SQLERRM END, true); END")
     with conn.transaction():
+        conn.execute(f"SET LOCAL statement_timeout = '{wait}s'".encode())
         conn.execute(f"DO ${tag}$ {body} ${tag}$".encode())
         row = conn.execute("SELECT pg_catalog.current_setting('pgidgen.subscribe_error', true)").fetchone()
     reason = row[0] if row else None
     if not reason:
         return None
+    if reason == "timeout":
+        return Refusal("57014", f"the source at {redact.scrub(address(conninfo))} did not answer the login within {wait} s"
+                       " (a server that accepts connections and never answers, or a network that drops them)")
     sqlstate, _, message = reason.partition(" ")
     if sqlstate == "57014":
         raise KeyboardInterrupt("cancelled while the target's server was connecting to the source; nothing was created")
@@ -284,7 +324,7 @@ def probe_subscription(target: psycopg.Connection[Any], conninfo: str) -> Refusa
         "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION pgidgen_check"
         " WITH (connect = true, create_slot = false, enabled = false, slot_name = NONE, copy_data = false)"
     ).format(sql.Identifier(f"pgidgen_check_{secrets.token_hex(4)}"), sql.Literal(probing)).as_string(target)
-    refusal = subscribe_quietly(target, create, keep=False)
+    refusal = subscribe_quietly(target, create, keep=False, conninfo=probing)
     if refusal is None:
         return Refusal("XX000", "it logged in without being refused the setting it was given; report this to pgidgen")
     if PROBE_SETTING in refusal.message:  # logged in, then refused the setting as asked (quoted as its language quotes)
@@ -313,6 +353,11 @@ def reach_finding(target_name: str, source_name: str, refusal: Refusal | None) -
         return Finding(target_name, "subscription", False, f"the server refused the role a subscription: {refusal.message}",
                        "GRANT pg_create_subscription (with INHERIT, on 16+) and CREATE on the database to the role,"
                        " use a superuser's DSN for this database, or move with --offline", stops="move to")
+    if refusal.sqlstate == "57014":  # subscribe_quietly's timeout: the login got no answer at all
+        return Finding(target_name, item, False, f"the server's login to {source_name} as a subscription timed out: {refusal.message}",
+                       f"check that the source's server is up and answering at that address and that {target_name}'s server"
+                       " reaches it (network, firewall); or pass --subscription-dsn to move-shard with an address it answers on",
+                       stops="move to")
     return Finding(target_name, item, False, f"the server cannot log in to {source_name} as a subscription: {refusal.message}",
                    f"the target server itself must reach {source_name} with the config's connection string (a host it can"
                    " resolve, pg_hba.conf on the source allowing it with a password); or pass --subscription-dsn to move-shard",

@@ -267,9 +267,9 @@ def _check_batch_apart(config: Config, ctxs: list[ShardContext], source: str, ta
 class Probe:
     """check.probe_subscription on a target connection of its own, on a thread: result() is its answer (None: the
     login works); stop() cancels it if it still runs (a move that stopped at an earlier check does not wait for
-    the target to give up connecting: its walreceiver login heeds no connect_timeout) and ends the thread. A
-    probe stopped before its connection is up never starts; one whose statement was not yet sent when the cancel
-    came is cancelled again until it ends."""
+    the target to give up connecting: its walreceiver login heeds no connect_timeout, only the statement's own
+    bound, check.login_wait) and ends the thread. A probe stopped before its connection is up never starts; one
+    whose statement was not yet sent when the cancel came is cancelled again until it ends."""
 
     def __init__(self, name: str, dsn: str, conninfo: str) -> None:
         self.conn: psycopg.Connection[Any] | None = None

@@ -28,7 +28,7 @@ class ReplicationSteps(MoverBase):
         if row is None:
             conninfo = conninfo_for_subscription(self.opts.subscription_conninfo or self.config.dsn(self.ctx.source), self.admin)
             # a failed CREATE SUBSCRIPTION is logged with its text, which holds the password: run so that it is not
-            failed = subscribe_quietly(self.tgt, q.subscription_sql(self.names, conninfo), keep=True)
+            failed = subscribe_quietly(self.tgt, q.subscription_sql(self.names, conninfo), keep=True, conninfo=conninfo)
             if failed is not None:
                 raise MoveError(
                     f"database {self.ctx.target} could not subscribe to {self.ctx.source}: {failed.message}",
