@@ -148,12 +148,14 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
         bar.close()
     if as_json:
         click.echo(json.dumps(reports[0].as_dict() if len(reports) == 1 else {"batches": [r.as_dict() for r in reports]}, indent=2))
-    else:
+    elif reports:
         click.echo("\n".join(line for r in reports for line in r.lines()))
     if interrupted is not None:
         again = scrub(_move_command(ctx, collapse(interrupted.left), interrupted.target))  # a --subscription-dsn's password
         moved = len(shards) - len(interrupted.left)
         left = f"shard{'s' if len(interrupted.left) > 1 else ''} {collapse(interrupted.left)}"
+        if not moved and not reports:
+            raise click.ClickException(f"move-shard interrupted during its checks: nothing was written; run '{again}' to move {left}")
         raise click.ClickException(
             f"move-shard interrupted: {moved} of {len(shards)} shards moved to {interrupted.target} (the batch in flight finished or rolled back,"
             f" no other started); {left} did not move: run '{again}' to move the rest")

@@ -91,7 +91,9 @@ def move_shards(
     while queue and not (should_stop is not None and should_stop()):
         batch = queue.pop(0)
         try:
-            report = _move_batch(config, batch.ctxs, target, opts, progress, hook)
+            report = _move_batch(config, batch.ctxs, target, opts, progress, hook, should_stop)
+        except NotStarted:
+            break  # a Ctrl-C before the batch wrote anything: it is not in flight, so it does not start
         except PauseExceeded:
             if len(batch.ctxs) == 1:
                 raise
@@ -105,6 +107,10 @@ def move_shards(
         if on_batch is not None:
             on_batch(report)
     return reports
+
+
+class NotStarted(Exception):
+    """A batch stopped by should_stop() during its checks, before it journaled anything: nothing was written."""
 
 
 class MovesInterrupted(KeyboardInterrupt):
@@ -159,7 +165,10 @@ def _move_batch(
     opts: MoveOptions,
     progress: Callable[[CopyProgress], None] | None,
     hook: Hook | None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> MoveReport:
+    """One batch: the checks (a Ctrl-C that comes before the journal is written stops it there, NotStarted: the
+    batch in flight a Ctrl-C lets finish is one that has written something), the journal, then the Mover."""
     ctx, shards = ctxs[0], [c.shard for c in ctxs]
     admin = connect(ctx.source, config.dsn(ctx.source), autocommit=True)
     # The target's connection opens while the source is checked; the mover keeps it.
@@ -219,7 +228,10 @@ def _move_batch(
         else:  # the batch's one dump holds every schema: one trial restore
             check_restorable(ctx, config.dsn(ctx.source), admin, tgt, schema_dump=early)
             assert probing is not None
-            check_servers(ctx, admin, tgt, conninfo=conninfo, custom=opts.subscription_conninfo is not None, probed=probing.result)
+            probe = probing
+            check_servers(ctx, admin, tgt, conninfo=conninfo, custom=opts.subscription_conninfo is not None, probed=lambda: probe.result(should_stop))
+        if should_stop is not None and should_stop():
+            raise NotStarted
         token = f"{shards[0]}_{secrets.token_hex(4)}"
         detail: dict[str, Any] = {"max_pause_ms": int(opts.max_pause * 1000)}
         if opts.origin != "move-shard":
@@ -290,7 +302,13 @@ class Probe:
 
         self._thread: Background[Refusal | None] = Background(run)
 
-    def result(self) -> Refusal | None:
+    def result(self, should_stop: Callable[[], bool] | None = None) -> Refusal | None:
+        """The answer; NotStarted (the probe stopped) if should_stop() says so first: a login that hangs must not
+        keep a Ctrl-C waiting for its bound (check.login_wait) before a move that has written nothing."""
+        while should_stop is not None and not self._thread.join(0.05):
+            if should_stop():
+                self.stop()
+                raise NotStarted
         value = self._thread.result()
         self._done = True
         return value
