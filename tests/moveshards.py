@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,61 @@ def pgidgen(config_file: Path, *args: str) -> subprocess.Popen[str]:
     group's SIGINT is a Ctrl-C."""
     return subprocess.Popen([str(Path(sys.executable).parent / "pgidgen"), "--config", str(config_file), *args],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def ctrl_c_in_flight(proc: subprocess.Popen[str], config: Config, *, twice: bool = False) -> tuple[list[tuple[int, str]], bool, str, str]:
+    """SIGINT to proc's process group (what Ctrl-C in a terminal does) once its first batches are in flight with
+    a client program running (journaled running, none done yet), and with twice a second one while a batch is
+    still running; then proc's end. The client programs seen at the first ([] if proc ended before), whether the
+    second was sent, and proc's stdout and stderr."""
+    caught: list[tuple[int, str]] = []
+    again = False
+    try:
+        while proc.poll() is None:
+            kids = [k for k in children(proc.pid) if k[1] in CLIENTS]
+            if kids and (st := journal_statuses(config.databases)).get("running") and not st.get("done"):
+                os.killpg(proc.pid, signal.SIGINT)
+                caught = kids
+                break
+            time.sleep(0.001)
+        if twice and caught:
+            time.sleep(0.01)
+            again = bool(journal_statuses(config.databases).get("running"))
+            if again:
+                os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return caught, again, out, err
+
+
+def nothing_half_done(config: Config, shards: int) -> dict[str, list[int]]:
+    """After an interrupted move: every journaled move finished or rolled back, no slot, publication or
+    subscription left, every shard active in exactly one database and the map agrees; the map's databases."""
+    from movekit import leftovers
+
+    from pgidgen.shardmap import read_map
+
+    assert set(journal_statuses(config.databases)) <= {"done", "rolled_back"}, journal_statuses(config.databases)
+    assert leftovers(config.databases) == []
+    held = serving(config)
+    assert sorted(held) == list(range(shards)) and all(len(v) == 1 for v in held.values()), held
+    m = read_map(config)
+    assert m.ok and {s: [n] for n, on in m.databases.items() for s in on} == held
+    return m.databases
+
+
+def writers_saw_nothing_lost(config: Config, writers: dict[int, Any], before: dict[int, list[tuple[Any, ...]]]) -> None:
+    """Each movekit.Writer's shard, wherever it lives now: every acknowledged ID once, rising, and no row lost or
+    duplicated against the rows it had before."""
+    for s, w in writers.items():
+        [where] = serving(config)[s]
+        ids = [r[0] for r in rows_of(config.dsn(where), f"shard_{s}")]
+        assert len(w.ids) > 0 and len(set(w.ids)) == len(w.ids), f"shard {s}: an ID acknowledged twice"
+        assert w.ids == sorted(w.ids), f"shard {s}: IDs after its move are not greater than those before"
+        assert sorted(ids) == sorted([r[0] for r in before[s]] + w.ids), f"shard {s}: rows lost or duplicated"
 
 
 def start_cli(config_file: Path, *args: str, stop_at: str | None = None) -> subprocess.Popen[str]:

@@ -3,20 +3,17 @@
 names moves the rest."""
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psycopg
 import pytest
 from movekit import Writer, leftovers
 from moveshards import (  # noqa: F401 (quick_subscription_start: an autouse fixture)
-    CLIENTS, children, journal_statuses, pgidgen, quick_subscription_start, rows_of, serving, setup_on_one,
+    ctrl_c_in_flight, journal_statuses, nothing_half_done, pgidgen, quick_subscription_start, rows_of, setup_on_one, writers_saw_nothing_lost,
 )
 
 from pgidgen.config import Config
@@ -47,36 +44,13 @@ def test_ctrl_c_during_move_shard_finishes_the_batch_in_flight_and_the_printed_c
         w.start()
     try:
         proc = pgidgen(config_file, "move-shard", f"0-{SHARDS - 1}", "db2")
-        try:
-            caught: list[tuple[int, str]] = []
-            while proc.poll() is None:
-                kids = [k for k in children(proc.pid) if k[1] in CLIENTS]
-                if kids and (st := journal_statuses(config.databases)).get("running") and not st.get("done"):  # the first batch
-                    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-                    caught = kids
-                    break
-                time.sleep(0.001)
-            time.sleep(0.01)
-            twice = bool(caught and journal_statuses(config.databases).get("running"))
-            if twice:
-                os.killpg(proc.pid, signal.SIGINT)  # and again: the batch in flight still finishes
-            out, err = proc.communicate(timeout=600)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        caught, twice, out, err = ctrl_c_in_flight(proc, config, twice=True)  # the first batch; and again: it still finishes
         assert caught, f"the first batch ended before it was seen in flight with a client program running:\n{err}"
         assert twice, f"the first batch ended before the second Ctrl-C:\n{err}"
         assert proc.returncode == 1, (proc.returncode, out, err)
         assert "Traceback" not in err, err
-        # nothing half-done: every journaled move finished, no replication object left, one server per shard
-        assert set(journal_statuses(config.databases)) <= {"done", "rolled_back"}, journal_statuses(config.databases)
-        assert leftovers(config.databases) == []
-        held = serving(config)
-        assert sorted(held) == list(range(SHARDS)) and all(len(v) == 1 for v in held.values()), held
-        m = read_map(config)
-        assert m.ok and {s: [n] for n, shards in m.databases.items() for s in shards} == held
-        moved = sorted(m.databases.get("db2", []))
+        on = nothing_half_done(config, SHARDS)
+        moved = sorted(on.get("db2", []))
         assert 0 < len(moved) < SHARDS, f"the Ctrl-C stopped the move part-way: {len(moved)} of {SHARDS} moved; caught {caught}, output:\n{err}"
         assert 0 in moved and SHARDS - 1 not in moved
         errors = [ln for ln in err.splitlines() if ln.startswith("Error:")]
@@ -99,9 +73,4 @@ def test_ctrl_c_during_move_shard_finishes_the_batch_in_flight_and_the_printed_c
     m = read_map(config)
     assert m.ok and sorted(m.databases["db2"]) == list(range(SHARDS)) and not m.databases.get("db1"), m.databases
     assert set(journal_statuses(config.databases)) <= {"done"} and leftovers(config.databases) == []
-    for s, w in writers.items():
-        assert serving(config)[s] == ["db2"]
-        ids = [r[0] for r in rows_of(config.dsn("db2"), f"shard_{s}")]
-        assert len(w.ids) > 0 and len(set(w.ids)) == len(w.ids), f"shard {s}: an ID acknowledged twice"
-        assert w.ids == sorted(w.ids), f"shard {s}: IDs after its move are not greater than those before"
-        assert sorted(ids) == sorted([r[0] for r in before[s]] + w.ids), f"shard {s}: rows lost or duplicated"
+    writers_saw_nothing_lost(config, writers, before)

@@ -3,16 +3,13 @@ pgidgen's pg_dump, pg_restore and psql children get it too. The batches in fligh
 starts, nothing is left half-done, and the next rebalance continues to the planned balance."""
 from __future__ import annotations
 
-import os
-import signal
-import time
 from pathlib import Path
 
 import psycopg
 import pytest
 from movekit import Writer, leftovers
 from moveshards import (  # noqa: F401 (quick_subscription_start: an autouse fixture)
-    CLIENTS, children, journal_statuses, pgidgen, quick_subscription_start, rows_of, serving, setup_on_one,
+    ctrl_c_in_flight, journal_statuses, nothing_half_done, pgidgen, quick_subscription_start, rows_of, setup_on_one, writers_saw_nothing_lost,
 )
 
 from pgidgen.config import Config
@@ -43,20 +40,7 @@ def test_ctrl_c_during_a_rebalance_leaves_nothing_half_done_and_the_next_one_con
         w.start()
     try:
         proc = pgidgen(config_file, "rebalance", "--by", "count", "--parallel", "2")
-        try:
-            caught: list[tuple[int, str]] = []
-            while proc.poll() is None:
-                kids = [k for k in children(proc.pid) if k[1] in CLIENTS]
-                if kids and (st := journal_statuses(config.databases)).get("running") and not st.get("done"):  # each pair's first batch
-                    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-                    caught = kids
-                    break
-                time.sleep(0.001)
-            out, err = proc.communicate(timeout=600)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        caught, _, out, err = ctrl_c_in_flight(proc, config)  # each pair's first batch
         assert caught, f"the first batches ended before one was seen in flight with a client program running:\n{err}"
         assert proc.returncode == 1, (proc.returncode, out, err)
         assert "Traceback" not in err, err
@@ -64,14 +48,8 @@ def test_ctrl_c_during_a_rebalance_leaves_nothing_half_done_and_the_next_one_con
         errors = [ln for ln in err.splitlines() if ln.startswith("Error:")]
         assert errors == [ln for ln in err.splitlines() if not ln.startswith("shards ")] and len(errors) == 1, err
         assert errors[0].startswith("Error: rebalance interrupted: "), errors
-        # nothing half-done: every journaled move finished, no replication object left, one server per shard
-        assert set(journal_statuses(config.databases)) <= {"done", "rolled_back"}, journal_statuses(config.databases)
-        assert leftovers(config.databases) == []
-        held = serving(config)
-        assert sorted(held) == list(range(SHARDS)) and all(len(v) == 1 for v in held.values()), held
-        m = read_map(config)
-        assert m.ok and {s: [n] for n, shards in m.databases.items() for s in shards} == held
-        moved = len(m.databases["db2"]) + len(m.databases["db3"])
+        on = nothing_half_done(config, SHARDS)
+        moved = len(on["db2"]) + len(on["db3"])
         assert 0 < moved < len(plan.moves), f"the Ctrl-C stopped the rebalance part-way: {moved} of {len(plan.moves)} moved; caught {caught}, output:\n{err}"
         # the next rebalance continues to the planned balance
         again = pgidgen(config_file, "rebalance", "--by", "count", "--parallel", "2")
@@ -84,9 +62,4 @@ def test_ctrl_c_during_a_rebalance_leaves_nothing_half_done_and_the_next_one_con
     assert m.ok and {n: len(v) for n, v in m.databases.items()} == {"db1": 20, "db2": 20, "db3": 20}
     assert sorted(m.databases["db1"]) == plan.after["db1"]
     assert set(journal_statuses(config.databases)) <= {"done"} and leftovers(config.databases) == []
-    for s, w in writers.items():
-        [where] = serving(config)[s]
-        ids = [r[0] for r in rows_of(config.dsn(where), f"shard_{s}")]
-        assert len(w.ids) > 0 and len(set(w.ids)) == len(w.ids), f"shard {s}: an ID acknowledged twice"
-        assert w.ids == sorted(w.ids), f"shard {s}: IDs after its move are not greater than those before"
-        assert sorted(ids) == sorted([r[0] for r in before[s]] + w.ids), f"shard {s}: rows lost or duplicated"
+    writers_saw_nothing_lost(config, writers, before)
