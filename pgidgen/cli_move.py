@@ -154,7 +154,7 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
         again = _move_command(ctx, collapse(interrupted.left), interrupted.target)
         moved = len(shards) - len(interrupted.left)
         left = f"shard{'s' if len(interrupted.left) > 1 else ''} {collapse(interrupted.left)}"
-        if not moved and not reports:
+        if not moved and not reports and not interrupted.rolled_back:  # stopped in the first batch's checks
             raise click.ClickException(f"move-shard interrupted during its checks: nothing was written; run '{again}' to move {left}")
         raise click.ClickException(
             f"move-shard interrupted: {moved} of {len(shards)} shards moved to {interrupted.target} (the batch in flight finished or rolled back,"

@@ -16,7 +16,8 @@ import psycopg
 import pytest
 from movekit import Writer, leftovers
 from moveshards import (  # noqa: F401 (quick_subscription_start: an autouse fixture)
-    CLIENTS, children, ctrl_c_in_flight, journal_statuses, nothing_half_done, pgidgen, quick_subscription_start, rows_of, setup_on_one, writers_saw_nothing_lost,
+    CLIENTS, children, ctrl_c_in_flight, journal_statuses, nothing_half_done, pgidgen, quick_subscription_start, rows_of, setup_on_one,
+    setup_shards, writers_saw_nothing_lost,
 )
 
 from pgidgen.config import Config
@@ -107,3 +108,30 @@ def test_a_ctrl_c_whose_notice_cannot_be_written_still_lets_the_batch_in_flight_
     assert journal_statuses(config.databases).get("running") is None, journal_statuses(config.databases)
     nothing_half_done(config, 4)
     assert out.startswith("moved shards 0-3 from db1 to db2"), out  # the batch in flight (the only one) finished
+
+
+def test_a_ctrl_c_while_a_batch_that_did_not_fit_is_rolled_back_does_not_say_nothing_was_written(config: Config, config_file: Path) -> None:
+    """Shard 3's table is locked, so the batch's cutover cannot fit --max-pause: the batch is rolled back (its
+    move journaled rolled_back) to be moved as halves, and the Ctrl-C that came while it was in flight stops
+    the halves. No shard moved, but something was done: the error line is not the one of a Ctrl-C during the
+    first batch's checks ("nothing was written")."""
+    setup_shards(config, rows=20)  # 0-3 on db1
+    with psycopg.connect(config.dsn("db1")) as blocker:
+        blocker.execute("LOCK TABLE shard_3.tags IN ROW EXCLUSIVE MODE")
+        proc = pgidgen(config_file, "move-shard", "0-3", "db3")
+        try:
+            while proc.poll() is None and not journal_statuses(config.databases).get("running"):
+                time.sleep(0.005)
+            os.killpg(proc.pid, signal.SIGINT)
+            out, err = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        blocker.rollback()
+    assert proc.returncode == 1, (out, err)
+    assert journal_statuses(config.databases) == {"rolled_back": 1}, err
+    [error] = [ln for ln in err.splitlines() if ln.startswith("Error:")]
+    assert error.startswith("Error: move-shard interrupted: 0 of 4 shards moved to db3 (the batch in flight finished or rolled back,"), err
+    assert "shards 0-3 did not move: run 'pgidgen --config" in error and "move-shard 0-3 db3' to move the rest" in error, error
+    assert leftovers(config.databases) == []
