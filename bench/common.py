@@ -48,6 +48,7 @@ def one_cpu(pids: Sequence[int]) -> Iterator[int | None]:
         yield None
         return
     before = {pid: os.sched_getaffinity(pid) for pid in (0, *pids)}
+    kids = {pid: _children(pid) for pid in pids}
     cpu = max(before[0])
     try:
         for pid in before:
@@ -55,10 +56,25 @@ def one_cpu(pids: Sequence[int]) -> Iterator[int | None]:
         yield cpu
     finally:
         for pid, cpus in before.items():
-            try:
-                os.sched_setaffinity(pid, cpus)
-            except OSError:
-                pass
+            # and a postmaster's backends forked in the block: a pgbouncer keeps its server connections from this
+            # pass to the next, which would otherwise measure them still on the one CPU
+            for p in [pid, *(_children(pid) - kids[pid] if pid else ())]:
+                try:
+                    if p == pid or os.sched_getaffinity(p) == {cpu}:
+                        os.sched_setaffinity(p, cpus)
+                except OSError:
+                    pass
+
+
+def _children(pid: int) -> set[int]:
+    """pid's child processes (Linux's /proc; none where it cannot tell)."""
+    found: set[int] = set()
+    for f in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found.update(int(c) for c in f.read_text().split())
+        except OSError:
+            pass
+    return found
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -151,10 +151,10 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
     elif reports:
         click.echo("\n".join(line for r in reports for line in r.lines()))
     if interrupted is not None:
-        again = scrub(_move_command(ctx, collapse(interrupted.left), interrupted.target))  # a --subscription-dsn's password
+        again = _move_command(ctx, collapse(interrupted.left), interrupted.target)
         moved = len(shards) - len(interrupted.left)
         left = f"shard{'s' if len(interrupted.left) > 1 else ''} {collapse(interrupted.left)}"
-        if not moved and not reports:
+        if not moved and not reports and not interrupted.rolled_back:  # stopped in the first batch's checks
             raise click.ClickException(f"move-shard interrupted during its checks: nothing was written; run '{again}' to move {left}")
         raise click.ClickException(
             f"move-shard interrupted: {moved} of {len(shards)} shards moved to {interrupted.target} (the batch in flight finished or rolled back,"
@@ -164,7 +164,9 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
 
 
 def _move_command(ctx: click.Context, shards: str, target: str) -> str:
-    """The command line that moves shards to target with this command's options (and --config, when given)."""
+    """The command line that moves shards to target with this command's options (and --config, when given). Each
+    word is scrubbed before it is quoted: a --subscription-dsn's password goes, a quoted one too (its shell quoting
+    would hide it from scrub's patterns), and the connection string stays one shell word."""
     words = ["pgidgen"]
     parent = ctx.parent
     if parent is not None and parent.get_parameter_source("config_path") == click.core.ParameterSource.COMMANDLINE:
@@ -175,7 +177,7 @@ def _move_command(ctx: click.Context, shards: str, target: str) -> str:
             continue
         flag = next(o for o in ctx.command.params if o.name == name).opts[0]  # type: ignore[union-attr]
         words += [flag] if value is True else [flag, str(value)]
-    return shlex.join(words)
+    return shlex.join(scrub(w) for w in words)
 
 
 # -- rebalance -----------------------------------------------------------------------------------------

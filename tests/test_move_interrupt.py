@@ -3,17 +3,21 @@
 names moves the rest."""
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
 import pytest
 from movekit import Writer, leftovers
 from moveshards import (  # noqa: F401 (quick_subscription_start: an autouse fixture)
-    ctrl_c_in_flight, journal_statuses, nothing_half_done, pgidgen, quick_subscription_start, rows_of, setup_on_one, writers_saw_nothing_lost,
+    CLIENTS, children, ctrl_c_in_flight, journal_statuses, nothing_half_done, pgidgen, quick_subscription_start, rows_of, setup_on_one,
+    setup_shards, writers_saw_nothing_lost,
 )
 
 from pgidgen.config import Config
@@ -74,3 +78,60 @@ def test_ctrl_c_during_move_shard_finishes_the_batch_in_flight_and_the_printed_c
     assert m.ok and sorted(m.databases["db2"]) == list(range(SHARDS)) and not m.databases.get("db1"), m.databases
     assert set(journal_statuses(config.databases)) <= {"done"} and leftovers(config.databases) == []
     writers_saw_nothing_lost(config, writers, before)
+
+
+def test_a_ctrl_c_whose_notice_cannot_be_written_still_lets_the_batch_in_flight_finish(config: Config, config_file: Path) -> None:
+    """`pgidgen move-shard ... 2>&1 | tee log`: the terminal's Ctrl-C ends tee too, so the notice pgidgen writes at
+    the Ctrl-C meets a closed pipe. That must not end pgidgen with the batch in flight cut short (its moves run on
+    a daemon thread, which dies with the process): the batch still finishes, and nothing is left half-done."""
+    setup_on_one(config, 4, rows=50)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:  # a table large enough for a Ctrl-C in flight
+        c.execute("CREATE TABLE shard_0.big (id int PRIMARY KEY, note text)")
+        c.execute("INSERT INTO shard_0.big SELECT g, md5(g::text) FROM generate_series(1, 30000) g")
+    proc = pgidgen(config_file, "move-shard", "0-3", "db2")
+    assert proc.stderr is not None
+    proc.stderr.close()  # as tee's end of the pipe, gone with the Ctrl-C
+    sent = False
+    try:
+        while proc.poll() is None:
+            if [k for k in children(proc.pid) if k[1] in CLIENTS] and journal_statuses(config.databases).get("running"):
+                os.killpg(proc.pid, signal.SIGINT)
+                sent = True
+                break
+            time.sleep(0.001)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert sent, "the batch ended before it was seen in flight with a client program running"
+    assert journal_statuses(config.databases).get("running") is None, journal_statuses(config.databases)
+    nothing_half_done(config, 4)
+    assert out.startswith("moved shards 0-3 from db1 to db2"), out  # the batch in flight (the only one) finished
+
+
+def test_a_ctrl_c_while_a_batch_that_did_not_fit_is_rolled_back_does_not_say_nothing_was_written(config: Config, config_file: Path) -> None:
+    """Shard 3's table is locked, so the batch's cutover cannot fit --max-pause: the batch is rolled back (its
+    move journaled rolled_back) to be moved as halves, and the Ctrl-C that came while it was in flight stops
+    the halves. No shard moved, but something was done: the error line is not the one of a Ctrl-C during the
+    first batch's checks ("nothing was written")."""
+    setup_shards(config, rows=20)  # 0-3 on db1
+    with psycopg.connect(config.dsn("db1")) as blocker:
+        blocker.execute("LOCK TABLE shard_3.tags IN ROW EXCLUSIVE MODE")
+        proc = pgidgen(config_file, "move-shard", "0-3", "db3")
+        try:
+            while proc.poll() is None and not journal_statuses(config.databases).get("running"):
+                time.sleep(0.005)
+            os.killpg(proc.pid, signal.SIGINT)
+            out, err = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        blocker.rollback()
+    assert proc.returncode == 1, (out, err)
+    assert journal_statuses(config.databases) == {"rolled_back": 1}, err
+    [error] = [ln for ln in err.splitlines() if ln.startswith("Error:")]
+    assert error.startswith("Error: move-shard interrupted: 0 of 4 shards moved to db3 (the batch in flight finished or rolled back,"), err
+    assert "shards 0-3 did not move: run 'pgidgen --config" in error and "move-shard 0-3 db3' to move the rest" in error, error
+    assert leftovers(config.databases) == []

@@ -5,6 +5,7 @@ it, minutes. Both give up after check.login_wait with a one-line error that name
 from __future__ import annotations
 
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -173,3 +174,24 @@ def test_a_cancel_while_the_login_waits_is_an_interrupt(config: Config, config_f
         assert NOTICE in out and "move-shard 1 db2 --subscription-dsn" in line and SECRET not in line, out
     assert [x for x in leftovers(config.databases) if "subscription" in x] == []
     assert journal_statuses(config.databases) == ({"failed": 1} if "subscription" in how else {})
+
+
+@pytest.mark.parametrize("password", ["'q7 z'", "q7z"])
+def test_the_command_a_ctrl_c_prints_shows_no_password_and_stays_one_shell_word(
+    config: Config, config_file: Path, silent: Silent, password: str,
+) -> None:
+    """The command an interrupted move-shard prints to move the rest carries --subscription-dsn with its password
+    taken out: a quoted one (spaces allowed) and one too short to be scrubbed by its value alone included; the
+    connection string stays one shell word (the command can be pasted once the password is put back)."""
+    setup_shards(config, rows=10)
+    dsn = silent.dsn().replace(f"password={SECRET}", f"password={password}")
+    code, out = _pgidgen(config_file, "move-shard", "1", "db2", "--subscription-dsn", dsn, when=silent.came,
+                         then=lambda proc: proc.send_signal(signal.SIGINT))
+    assert code == 1, out
+    line = _one_error(out)
+    assert "q7" not in out, out
+    command = re.search(r"run '(.+)' to move shard 1$", line)
+    assert command is not None, line
+    words = shlex.split(command.group(1))
+    assert words[-2:] == ["--subscription-dsn", dsn.replace(f"password={password}", "password=***")], words
+    assert journal_statuses(config.databases) == {}

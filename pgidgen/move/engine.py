@@ -73,13 +73,14 @@ def move_shards(
     hook: Hook | None = None,
     on_batch: Callable[[MoveReport], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    on_rollback: Callable[[list[int]], None] | None = None,
 ) -> list[MoveReport]:
     """Move a set of shards, all in one database, to target: in batches, each with one slot, publication,
     subscription, consistent copy, catch-up and cutover, all its shards flipping in one transaction. A batch is
     as large as its estimated write pause allows (see batches.py); a batch whose cutover still did not fit
-    --max-pause is rolled back (nothing flipped) and moved again as two halves. One report per batch moved;
-    should_stop() is asked before each batch (a Ctrl-C of rebalance or move-shard: the batch in flight finishes, no
-    other starts; see move_shards_interruptible)."""
+    --max-pause is rolled back (nothing flipped; on_rollback(its shards)) and moved again as two halves. One report
+    per batch moved; should_stop() is asked before each batch (a Ctrl-C of rebalance or move-shard: the batch in
+    flight finishes, no other starts; see move_shards_interruptible)."""
     opts = options or MoveOptions()
     wanted = sorted(set(shards))
     if not wanted:
@@ -98,6 +99,8 @@ def move_shards(
             if len(batch.ctxs) == 1:
                 raise
             rollback_move(config, batch.ctxs[0].shard)  # nothing flipped: the source serves them all as before
+            if on_rollback is not None:
+                on_rollback([c.shard for c in batch.ctxs])
             half = len(batch.ctxs) // 2
             queue[:0] = [Batch(_fresh(batch.ctxs[:half]), 0.0, 0, batch.costs[:half]), Batch(_fresh(batch.ctxs[half:]), 0.0, 0, batch.costs[half:])]
             continue
@@ -115,11 +118,12 @@ class NotStarted(Exception):
 
 class MovesInterrupted(KeyboardInterrupt):
     """Ctrl-C stopped a move of a set of shards between batches: the batch in flight finished (or rolled back, when
-    its cutover did not fit), no other started. reports: the batches moved; left: the shards that did not move."""
+    its cutover did not fit), no other started. reports: the batches moved; left: the shards that did not move;
+    rolled_back: whether a batch was rolled back (so, with no report, something was done all the same)."""
 
-    def __init__(self, reports: list[MoveReport], left: list[int], target: str) -> None:
+    def __init__(self, reports: list[MoveReport], left: list[int], target: str, rolled_back: bool = False) -> None:
         super().__init__("move-shard interrupted")
-        self.reports, self.left, self.target = reports, left, target
+        self.reports, self.left, self.target, self.rolled_back = reports, left, target, rolled_back
 
 
 def move_shards_interruptible(
@@ -137,13 +141,14 @@ def move_shards_interruptible(
     finish (or roll back) and starts no other, then raises MovesInterrupted; a second one does not cut the batch
     short either. A Ctrl-C during the last batch changes nothing: the reports are returned."""
     reports: list[MoveReport] = []
+    rolled: list[list[int]] = []
     _, interrupted = run_stoppable(lambda stop: move_shards(config, shards, target, options=options, progress=progress, hook=hook,
-                                                            on_batch=reports.append, should_stop=stop.is_set),
+                                                            on_batch=reports.append, should_stop=stop.is_set, on_rollback=rolled.append),
                                    on_interrupt=on_interrupt)
     moved = {s for r in reports for s in r.shards}
     left = [s for s in sorted(set(shards)) if s not in moved]
     if interrupted and left:
-        raise MovesInterrupted(reports, left, target)
+        raise MovesInterrupted(reports, left, target, rolled_back=bool(rolled))
     return reports
 
 

@@ -186,8 +186,9 @@ def run_stoppable(fn: Callable[[threading.Event], T], *, on_interrupt: Callable[
             if first and on_interrupt is not None:
                 try:
                     on_interrupt()
-                except KeyboardInterrupt:
-                    pass
+                except (KeyboardInterrupt, Exception):  # noqa: BLE001 - the notice is best effort
+                    pass  # one that cannot be written (2>&1 | tee: the Ctrl-C ended tee) must not end the wait: fn's
+                    # thread is a daemon, and the process's end would cut the batch in flight short
     return work.result(), stop.is_set()
 
 
