@@ -58,7 +58,15 @@ async def cmd_write(router: AsyncRouter, users: Sequence[int], seconds: float) -
     before = {u: await router.database_for(router.shard_for(u)) for u in users}
     await asyncio.gather(*(writer(u) for u in users))
     every = [i for ids in written.values() for i in ids]
-    found = await asyncio.gather(*(photo_exists(router, i) for i in every))
+    # read back with as many at a time as the pools hold connections: thousands of tasks all waiting on a pool at
+    # once would each count the whole queue against the pool's timeout
+    slots = asyncio.Semaphore(router.max_size)
+
+    async def exists(photo_id: int) -> bool:
+        async with slots:
+            return await photo_exists(router, photo_id)
+
+    found = await asyncio.gather(*(exists(i) for i in every))
     return {
         "users": len(users),
         "written": len(every),
