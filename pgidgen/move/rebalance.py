@@ -28,7 +28,7 @@ from .balance import spread_bytes
 from .context import MoveError, preflight, read_states
 from .engine import Hook, MoveOptions, MoveReport, ensure_catalog, move_shards, plan_shards, resume_move
 from .journal import has_journal
-from .steps.base import run_stoppable
+from .steps.base import StopFlag, run_stoppable
 
 
 @dataclass
@@ -266,7 +266,7 @@ def _rebalance(
     on_batch: Callable[[MoveReport | PgidgenError, list[int]], None] | None,
     hook: Hook | None,
     by: str,
-    stop: threading.Event,
+    stop: StopFlag,
 ) -> RebalanceResult:
     resumed = _finish_interrupted(config, databases, options, on_batch, stop)
     plan = plan_rebalance(config, databases, by=by)
@@ -364,7 +364,7 @@ def work_units(moves: Sequence[PlannedMove], parallel: int) -> list[tuple[str, l
 
 def _finish_interrupted(
     config: Config, databases: Sequence[str] | None, options: MoveOptions | None,
-    on_batch: Callable[[MoveReport | PgidgenError, list[int]], None] | None, stop: threading.Event,
+    on_batch: Callable[[MoveReport | PgidgenError, list[int]], None] | None, stop: StopFlag,
 ) -> list[MoveReport]:
     """Resume the moves an earlier rebalance started and did not finish (their journals say so), one at a time
     until stop is set."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -158,38 +159,74 @@ class Background(Generic[T]):
         again (a Thread.join() interrupted so can return early the next time, before Python 3.13)."""
         return self._done.wait(timeout)
 
+    def done(self) -> bool:
+        """Whether fn has ended (read without taking a lock)."""
+        return self._done.is_set()
+
     def result(self) -> T:
-        self._done.wait()
+        if not self._done.is_set():
+            self._done.wait()
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
 
 
-def run_stoppable(fn: Callable[[threading.Event], T], *, on_interrupt: Callable[[], None] | None = None) -> tuple[T, bool]:
-    """fn(stop) on a thread of its own while this thread (the main one) only waits: Python raises a Ctrl-C's
-    KeyboardInterrupt in the main thread, so it never lands inside one of fn's steps; it sets stop, which fn heeds
-    between batches (the ones in flight finish, or roll back), and the wait goes on. A second Ctrl-C does not cut
-    fn short either (kill does; the journal then says where it stood). fn's result (or what it raised), and
-    whether a Ctrl-C came; on_interrupt() runs at the first."""
-    stop = threading.Event()
+class StopFlag:
+    """run_stoppable's stop: is_set() as threading.Event's, set by a plain attribute store, so that a second Ctrl-C
+    cannot land inside it (an Event takes a lock to set; an interrupt between its acquire and release, or inside
+    an Event.wait, leaves a Condition's lock half-released: "release unlocked lock", seen in CI)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = False
+
+    def is_set(self) -> bool:
+        return self.value
+
+
+def run_stoppable(fn: Callable[[StopFlag], T], *, on_interrupt: Callable[[], None] | None = None) -> tuple[T, bool]:
+    """fn(stop) on a thread of its own while this thread (the main one) only waits: a Ctrl-C sets stop, which fn
+    heeds between batches (the ones in flight finish, or roll back), and the wait goes on, so it never lands inside
+    one of fn's steps. A second Ctrl-C does not cut fn short either (kill does; the journal then says where it
+    stood). fn's result (or what it raised), and whether a Ctrl-C came; on_interrupt() runs once, after the first.
+
+    A Ctrl-C may come at any instant of the wait, as often as the key is pressed. On the main thread, while
+    SIGINT has Python's default handler, the wait puts in its own, which only sets stop: no KeyboardInterrupt is
+    raised at all (one raised inside threading's waits can leave a Condition's lock half-released, "release
+    unlocked lock", seen in CI on a second Ctrl-C; one raised in this loop's own bookkeeping would end it). The
+    wait is time.sleep in short turns reading fn's end without a lock; a signal the kernel hands to another thread
+    is seen at the next turn (Python runs handlers on the main thread). Elsewhere a KeyboardInterrupt sets stop."""
+    stop = StopFlag()
     work = Background(lambda: fn(stop))
-    while True:
-        try:
-            # in short waits: Python runs a signal's handler on the main thread only, and a wait that never returns
-            # leaves a SIGINT the kernel handed to another thread unseen until fn is over
-            while not work.join(0.05):
-                pass
-            break
-        except KeyboardInterrupt:
-            first = not stop.is_set()
-            stop.set()
-            if first and on_interrupt is not None:
-                try:
-                    on_interrupt()
-                except (KeyboardInterrupt, Exception):  # noqa: BLE001 - the notice is best effort
-                    pass  # one that cannot be written (2>&1 | tee: the Ctrl-C ended tee) must not end the wait: fn's
-                    # thread is a daemon, and the process's end would cut the batch in flight short
-    return work.result(), stop.is_set()
+
+    def interrupted(signum: int, frame: Any) -> None:
+        stop.value = True
+
+    mine = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if mine:
+        signal.signal(signal.SIGINT, interrupted)
+    try:
+        told = False
+        while True:
+            try:
+                if work.done():
+                    break
+                if stop.value and not told:
+                    told = True
+                    if on_interrupt is not None:
+                        try:
+                            on_interrupt()
+                        except Exception:  # noqa: BLE001 - the notice is best effort
+                            pass  # one that cannot be written (2>&1 | tee: the Ctrl-C ended tee) must not end the
+                            # wait: fn's thread is a daemon, and the process's end would cut the batch in flight short
+                time.sleep(0.05)
+            except KeyboardInterrupt:
+                stop.value = True
+    finally:
+        if mine and signal.getsignal(signal.SIGINT) is interrupted:  # on_interrupt may have put in its own
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    return work.result(), stop.value
 
 
 class CutoverAborted(Exception):
