@@ -74,7 +74,8 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
                    rollback: bool, verify_only: bool, cleanup: bool, drop_source: bool, verify_in_pause: bool,
                    subscription_dsn: str | None, as_json: bool) -> None:
     """Move logical SHARDS (a number, or a set like 10-19,42) to TARGET_DB online (logical replication), verified
-    and crash-safe. A set moves in batches: one replication stream and one write pause each."""
+    and crash-safe. A set moves in batches: one replication stream and one write pause each. Ctrl-C lets the batch
+    in flight finish (or roll back), starts no other, and prints the command that moves the rest."""
     from . import move
     from .errors import InputError
     from .move.steps.base import run_stoppable

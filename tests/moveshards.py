@@ -145,12 +145,20 @@ def ctrl_c_in_flight(proc: subprocess.Popen[str], config: Config, *, twice: bool
             again = bool(journal_statuses(config.databases).get("running"))
             if again:
                 os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    except BaseException:
+        ended(proc, 0)
+        raise
+    out, err = ended(proc)
     return caught, again, out, err
+
+
+def ended(proc: subprocess.Popen[str], timeout: float = 600) -> tuple[str, str]:
+    """proc's stdout and stderr once it ends; killed once timeout has passed (0: at once)."""
+    try:
+        return proc.communicate(timeout=timeout or 0.001)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()
 
 
 def nothing_half_done(config: Config, shards: int) -> dict[str, list[int]]:

@@ -17,7 +17,7 @@ import pytest
 from movekit import Writer, leftovers
 from moveshards import (  # noqa: F401 (quick_subscription_start: an autouse fixture)
     CLIENTS, children, ctrl_c_in_flight, journal_statuses, nothing_half_done, pgidgen, quick_subscription_start, rows_of, setup_on_one,
-    setup_shards, writers_saw_nothing_lost,
+    ended, setup_shards, writers_saw_nothing_lost,
 )
 
 from pgidgen.config import Config
@@ -123,11 +123,10 @@ def test_a_ctrl_c_while_a_batch_that_did_not_fit_is_rolled_back_does_not_say_not
             while proc.poll() is None and not journal_statuses(config.databases).get("running"):
                 time.sleep(0.005)
             os.killpg(proc.pid, signal.SIGINT)
-            out, err = proc.communicate(timeout=600)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        except BaseException:
+            ended(proc, 0)
+            raise
+        out, err = ended(proc)
         blocker.rollback()
     assert proc.returncode == 1, (out, err)
     assert journal_statuses(config.databases) == {"rolled_back": 1}, err
