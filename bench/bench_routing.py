@@ -1,5 +1,6 @@
-"""routing: a write and a read through Router.run (claim_shard + search_path with the first statement, pooled) vs
-the same SQL on a plain psycopg connection to the right database, direct and through PgBouncer (transaction mode);
+"""routing: a write and a read through Router.run (claim_shard + search_path with the first statement, pooled) and
+Router.execute (claim, statement and commit in one round trip) vs the same SQL on a plain psycopg connection to
+the right database (execute + commit; and, for reference, in autocommit), direct and through PgBouncer (transaction mode);
 1 and 4 threads on one shard (the claim lock is shared by all writers); and re-reading the map after a move,
 against the full catalog read of `pgidgen map`."""
 from __future__ import annotations
@@ -86,15 +87,19 @@ def compare(label: str, config: Config, plain_dsn: str, some_id: int, **plain_kw
     """Router.run (claim with the first statement, pooled) against plain psycopg (a connection per thread, the
     table schema-qualified, execute + commit) on the same statement."""
 
-    def plain(sql_text: str, arg: Callable[[int], int]) -> Callable[[], Callable[[int], Any]]:
+    def plain(sql_text: str, arg: Callable[[int], int], autocommit: bool = False) -> Callable[[], Callable[[int], Any]]:
         def factory() -> Callable[[int], Any]:
-            conn = psycopg.connect(plain_dsn, **plain_kwargs)
+            conn = psycopg.connect(plain_dsn, autocommit=autocommit, **plain_kwargs)
+            if autocommit:
+                return lambda i: conn.execute(sql_text, (arg(i),)).fetchone()
             return lambda i: (conn.execute(sql_text, (arg(i),)).fetchone(), conn.commit())
 
         return factory
 
     plain_writer = plain(INSERT.replace("items", "shard_5.items"), lambda i: i)
     plain_reader = plain(SELECT.replace("items", "shard_5.items"), lambda i: some_id)
+    auto_writer = plain(INSERT.replace("items", "shard_5.items"), lambda i: i, autocommit=True)
+    auto_reader = plain(SELECT.replace("items", "shard_5.items"), lambda i: some_id, autocommit=True)
     with Router(config, min_size=THREADS, max_size=THREADS) as router:
         router.run(5, lambda c: None)  # warm: map loaded, pool open
 
@@ -104,19 +109,35 @@ def compare(label: str, config: Config, plain_dsn: str, some_id: int, **plain_kw
         def routed_reader() -> Callable[[int], Any]:
             return lambda i: router.run(5, lambda c: c.execute(SELECT, (some_id,)).fetchone(), read_only=True)
 
+        def executed_writer() -> Callable[[int], Any]:
+            return lambda i: router.execute(5, INSERT, (i,))[0]
+
+        def executed_reader() -> Callable[[int], Any]:
+            return lambda i: router.execute(5, SELECT, (some_id,), read_only=True)[0]
+
         section(f"{label}: one INSERT ... RETURNING id or one SELECT by id per transaction, shard 5: 1 thread median latency,"
                 f" {THREADS} threads median wall/op of turns (us; {N} operations each, in turns of {CHUNK} interleaved)")
         for threads in (1, THREADS):
-            m = interleaved(threads, N, {"bw": plain_writer, "rw": routed_writer, "br": plain_reader, "rr": routed_reader})
+            m = interleaved(threads, N, {"bw": plain_writer, "rw": routed_writer, "ew": executed_writer, "aw": auto_writer,
+                                         "br": plain_reader, "rr": routed_reader, "er": executed_reader, "ar": auto_reader})
             row(f"{threads} thread(s): plain psycopg write", m["bw"], "us")
             row(f"{threads} thread(s): Router.run write", m["rw"], "us", m["bw"], "of plain")
+            row(f"{threads} thread(s): Router.execute write", m["ew"], "us", m["bw"], "of plain")
             row(f"{threads} thread(s): plain psycopg read", m["br"], "us")
             row(f"{threads} thread(s): Router.run read_only", m["rr"], "us", m["br"], "of plain")
+            row(f"{threads} thread(s): Router.execute read_only", m["er"], "us", m["br"], "of plain")
+            # for reference: psycopg in autocommit, the statement alone (no transaction block, nothing claimed)
+            row(f"{threads} thread(s): plain psycopg autocommit write", m["aw"], "us")
+            row(f"{threads} thread(s): Router.execute write", m["ew"], "us", m["aw"], "of autocommit")
+            row(f"{threads} thread(s): plain psycopg autocommit read", m["ar"], "us")
+            row(f"{threads} thread(s): Router.execute read_only", m["er"], "us", m["ar"], "of autocommit")
             if threads == 1:
                 row("1 thread: mean of a turn, plain write", m["bw mean"], "us")
                 row("1 thread: mean of a turn, Router.run write", m["rw mean"], "us", m["bw mean"], "of plain")
                 row("1 thread: mean of a turn, plain read", m["br mean"], "us")
                 row("1 thread: mean of a turn, Router.run read_only", m["rr mean"], "us", m["br mean"], "of plain")
+                row("1 thread: mean of a turn, Router.execute write", m["ew mean"], "us", m["bw mean"], "of plain")
+                row("1 thread: mean of a turn, Router.execute read_only", m["er mean"], "us", m["br mean"], "of plain")
                 row("1 thread: client CPU, plain write", m["bw cpu"], "us")
                 row("1 thread: client CPU, Router.run write", m["rw cpu"], "us", m["bw cpu"], "of plain")
                 row("1 thread: client CPU, plain read", m["br cpu"], "us")

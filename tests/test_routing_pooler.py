@@ -54,16 +54,23 @@ def app_config(tmp_path: Path, config: Config, bouncer: pgbouncer.Bouncer, poole
     return path
 
 
-def write_during_a_move(router: Router, config: Config) -> tuple[list[int], list[BaseException]]:
-    ids, errors, report = writes_around(
-        lambda n: router.run(1, lambda c: int(c.execute("INSERT INTO t (v) VALUES (%s) RETURNING id", (n,)).fetchone()[0])),
-        lambda: move_shard(config, 1, "db3"))
+def write_during_a_move(router: Router, config: Config, api: str = "run") -> tuple[list[int], list[BaseException]]:
+    """Writes through Router.run (a transaction: BEGIN + claim + INSERT, then COMMIT) or Router.execute (claim,
+    INSERT and commit in one round trip) while shard 1 moves to db3."""
+    write = "INSERT INTO t (v) VALUES (%s) RETURNING id"
+    if api == "run":
+        def one(n: int) -> int:
+            return int(router.run(1, lambda c: c.execute(write, (n,)).fetchone()[0]))
+    else:
+        def one(n: int) -> int:
+            return int(router.execute(1, write, (n,))[0][0])
+    ids, errors, report = writes_around(one, lambda: move_shard(config, 1, "db3"))
     assert report.status == "done" and report.verification is not None and report.verification.ok
     return ids, errors
 
 
-@pytest.mark.parametrize("mode", ["transaction", "session"])
-def test_a_writer_through_pgbouncer_during_a_move_sees_nothing(mode: str, config: Config, bouncer_root: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("mode", "api"), [("transaction", "run"), ("session", "run"), ("transaction", "execute")])
+def test_a_writer_through_pgbouncer_during_a_move_sees_nothing(mode: str, api: str, config: Config, bouncer_root: Path, tmp_path: Path) -> None:
     sharded(config)
     bouncer = pgbouncer.start(bouncer_root, config.databases, mode=mode)
     try:
@@ -74,7 +81,7 @@ def test_a_writer_through_pgbouncer_during_a_move_sees_nothing(mode: str, config
             assert router.pools.policy("db1").pooler == mode
             assert router.pools.policy("db1").prepare is (mode == "session")
             assert router.maps._hearing == {"db1", "db2", "db3"}  # LISTEN on the direct connections
-            ids, errors = write_during_a_move(router, load_config(path))
+            ids, errors = write_during_a_move(router, load_config(path), api)
             assert router.database_for(1) == "db3"
             assert router.stats["retries"] <= 3
     finally:

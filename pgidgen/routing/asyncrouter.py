@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import psycopg
@@ -82,9 +82,13 @@ class AsyncRouter:
 
     # -- units of work ---------------------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def transaction(self, shard: int, *, read_only: bool = False) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    def transaction(self, shard: int, *, read_only: bool = False) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
         """As Router.transaction."""
+        return self._unit(shard, read_only, False)
+
+    @asynccontextmanager
+    async def _unit(self, shard: int, read_only: bool, implicit: bool) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A claimed unit of work; implicit: one statement whose commit travels with it (execute)."""
         route = await self.route(shard)
         pool = await self._pool(route.database)
         try:
@@ -92,8 +96,8 @@ class AsyncRouter:
         except PoolTimeout:
             raise self.sync.pools._timeout(route.database) from None
         try:
-            conn.begin_unit(self.units.claim_for(shard, read_only))
-            committing = False
+            conn.begin_unit(self.units.claim_for(shard, read_only), implicit)
+            committing = implicit and not read_only  # a write sent with its commit: a broken connection may have committed it
             try:
                 yield conn
                 if conn.end_unit() and conn.pgconn.transaction_status != IDLE:
@@ -129,6 +133,21 @@ class AsyncRouter:
             try:
                 async with self.transaction(shard, read_only=read_only) as conn:
                     return await work(conn)
+            except (ShardMovedError, ShardUnavailableError) as e:
+                wait, delay = await asyncio.to_thread(next_try, self.units, shard, e, deadline, delay)
+                if wait:
+                    await asyncio.sleep(wait)
+
+    async def execute(self, shard: int, query: Any, params: Any = None, *, read_only: bool = False) -> list[Any]:
+        """As Router.execute: one statement as a unit of work of its own, its commit sent with it; its rows."""
+        deadline = time.monotonic() + self.retry_for
+        delay = 0.005
+        while True:
+            try:
+                async with self._unit(shard, read_only, True) as conn:
+                    cur = conn.cursor()
+                    await cur.execute(query, params)
+                    return await cur.fetchall() if cur.description is not None else []
             except (ShardMovedError, ShardUnavailableError) as e:
                 wait, delay = await asyncio.to_thread(next_try, self.units, shard, e, deadline, delay)
                 if wait:

@@ -85,14 +85,14 @@ class ClaimingCursor(psycopg.Cursor[Any]):
         conn.pending_claim = None
         try:
             with conn.lock:
-                conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary))
+                conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, implicit=conn.implicit_unit))
         except e._NO_TRACEBACK as ex:
             raise ex.with_traceback(None)
         return self
 
 
 def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepare: bool | None, binary: bool | None,
-                        again: bool = True) -> Any:
+                        again: bool = True, implicit: bool = False) -> Any:
     """BEGIN, the claim and the statement in one pipeline and one network write; the results in one read.
     psycopg's own pipeline sends each command on its own and costs more than the round trip it saves. BEGIN and
     the claim are prepared once per connection (unless the connection prepares nothing, as behind a transaction
@@ -108,12 +108,12 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
     if not pgq.params and fmt == pq.Format.TEXT:
         # no parameters: psycopg sends such a query as a simple one (it may hold several statements); so do we,
         # behind BEGIN and the claim in the same message
-        pgconn.send_query(b"BEGIN; " + claim.text + b"; " + pgq.query)
+        pgconn.send_query((b"" if implicit else b"BEGIN; ") + claim.text + b"; " + pgq.query)
         results = yield from generators.execute(pgconn)
         discard = getattr(self._conn._prepared, "_should_discard", None)  # where psycopg has it (else: the retry below)
         if discard is not None:
             discard(Prepare.NO, results)  # DEALLOCATE ALL, ROLLBACK, DROP, ALTER: what the server forgot or may plan anew
-        head, results = results[:2], results[2:]
+        head, results = results[:1 if implicit else 2], results[1 if implicit else 2:]
         _raise_first(head, pgconn)
         self._check_results(results)
         self._set_results(results)
@@ -123,22 +123,24 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         yield from self._conn._prepared.maintain_gen(self._conn)
         return
     prepared = self._conn._prepared
-    bprep, bname = prepared.get(BEGIN, True)  # type: ignore[arg-type]
+    bprep, bname = (Prepare.NO, b"") if implicit else prepared.get(BEGIN, True)  # type: ignore[arg-type]
     cprep, cname = prepared.get(claim, True)  # type: ignore[arg-type]
     prep, name = prepared.get(pgq, prepare)
     pgconn.enter_pipeline_mode()
     done = False
     try:
-        bkey = _send(pgconn, prepared, BEGIN, bprep, bname, pq.Format.TEXT)
+        bkey = None if implicit else _send(pgconn, prepared, BEGIN, bprep, bname, pq.Format.TEXT)
         ckey = _send(pgconn, prepared, claim, cprep, cname, pq.Format.TEXT)
         key = _send(pgconn, prepared, pgq, prep, name, fmt)
         pgconn.pipeline_sync()
         yield from generators.send(pgconn)
         head = []
-        if bprep is Prepare.SHOULD:
-            head += yield from generators.fetch_many(pgconn)
-        began = yield from generators.fetch_many(pgconn)  # BEGIN
-        head += began
+        began = []
+        if not implicit:
+            if bprep is Prepare.SHOULD:
+                head += yield from generators.fetch_many(pgconn)
+            began = yield from generators.fetch_many(pgconn)  # BEGIN
+            head += began
         if cprep is Prepare.SHOULD:
             head += yield from generators.fetch_many(pgconn)
         claimed = yield from generators.fetch_many(pgconn)
@@ -146,7 +148,11 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         if prep is Prepare.SHOULD:
             head += yield from generators.fetch_many(pgconn)
         results = yield from generators.fetch_many(pgconn)
-        yield from generators.fetch_many(pgconn)  # the sync
+        # the sync; before it, an error of an implicit transaction's commit (a deferred constraint) comes as a
+        # result of its own
+        synced = yield from generators.fetch_many(pgconn)
+        while synced and synced[-1].status != pq.ExecStatus.PIPELINE_SYNC:
+            synced += yield from generators.fetch_many(pgconn)
         done = True
     finally:
         try:
@@ -164,12 +170,14 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         prepared.clear()  # a statement may not have been prepared after all: start over
     lost = (began and began[0].error_field(DIAG_SQLSTATE) == LOST_STATEMENT) or (claimed and claimed[0].error_field(DIAG_SQLSTATE) == LOST_STATEMENT)
     if again and Prepare.YES in (bprep, cprep) and lost:
-        yield from self._conn._exec_command(b"ROLLBACK")
+        if not implicit:
+            yield from self._conn._exec_command(b"ROLLBACK")
         prepared.clear()
         yield from prepared.maintain_gen(self._conn)  # DEALLOCATE ALL, before the claim is prepared again
-        return (yield from claimed_execute_gen(self, query, params, claim, prepare, binary, again=False))
+        return (yield from claimed_execute_gen(self, query, params, claim, prepare, binary, again=False, implicit=implicit))
     _raise_first(head, pgconn)
     self._check_results(results)
+    _raise_first(synced, pgconn)  # an implicit transaction's commit that failed (a deferred constraint)
     self._set_results(results)
     self._last_query = query
     yield from prepared.maintain_gen(self._conn)
@@ -200,10 +208,12 @@ class _Unit:
 
     pending_claim: Claim | None = None
     in_unit = False
+    implicit_unit = False
 
-    def begin_unit(self, claim: Claim) -> None:
+    def begin_unit(self, claim: Claim, implicit: bool = False) -> None:
         self.pending_claim = claim
         self.in_unit = True
+        self.implicit_unit = implicit
 
     def end_unit(self) -> bool:
         """Leave the unit; whether its transaction began (the claim was sent)."""
@@ -262,7 +272,7 @@ class AsyncClaimingCursor(psycopg.AsyncCursor[Any]):
         conn.pending_claim = None
         try:
             async with conn.lock:
-                await conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary))
+                await conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, implicit=conn.implicit_unit))
         except e._NO_TRACEBACK as ex:
             raise ex.with_traceback(None)
         return self

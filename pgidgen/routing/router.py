@@ -139,6 +139,17 @@ class Router:
         it (for up to retry_for seconds). work must be safe to run again: every failed attempt rolled back."""
         return self.units.run(shard, work, read_only=read_only)
 
+    def execute(self, shard: int, query: Any, params: Any = None, *, read_only: bool = False) -> list[Any]:
+        """One statement as a unit of work of its own, on the database serving shard: its claim, the statement
+        and the commit leave together and come back in one round trip (where Router.run's transaction takes two
+        and plain psycopg's three), in one transaction (the extended protocol's implicit one, committed at its
+        Sync). Returns the statement's rows ([] when it returns none: add RETURNING to see what was written).
+
+        Retried on the shard's new database when a move flips it, as Router.run. Not retried: a write whose
+        connection broke after it was sent (the server may have committed it; the error is raised, as psycopg
+        raises it). read_only: as Router.transaction's."""
+        return self.units.execute(shard, query, params, read_only=read_only)
+
     def run_for_key(self, key: Any, work: Callable[[psycopg.Connection[Any]], T], *, read_only: bool = False) -> T:
         """Router.run on key's shard."""
         return self.run(self.shard_for(key), work, read_only=read_only)

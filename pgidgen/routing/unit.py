@@ -53,6 +53,21 @@ class Units:
     def transaction(self, shard: int, *, read_only: bool = False) -> UnitOfWork:
         return UnitOfWork(self, shard, read_only)
 
+    def execute(self, shard: int, query: Any, params: Any = None, *, read_only: bool = False) -> list[Any]:
+        """One statement as a unit of work of its own, retried like run(); its rows (none: [])."""
+        deadline = time.monotonic() + self.retry_for
+        delay = 0.005
+        while True:
+            try:
+                with UnitOfWork(self, shard, read_only, implicit=True) as conn:
+                    cur = conn.cursor()
+                    cur.execute(query, params)
+                    return cur.fetchall() if cur.description is not None else []
+            except (ShardMovedError, ShardUnavailableError) as e:
+                wait, delay = next_try(self, shard, e, deadline, delay)
+                if wait:
+                    time.sleep(wait)
+
     def _failed(self, conn: Any, route: Route, e: BaseException, committing: bool) -> PgidgenError | None:
         """After e ended a unit of work on conn: roll back what is left, and the error to raise instead of e
         (None: e itself)."""
@@ -115,19 +130,20 @@ class UnitOfWork:
     claim the shard with the first statement; on leaving, commit, or roll back and say why. A class rather than
     a generator-based context manager: it runs for every unit of work, and that costs a few microseconds less."""
 
-    __slots__ = ("units", "shard", "read_only", "route", "conn")
+    __slots__ = ("units", "shard", "read_only", "implicit", "route", "conn")
 
-    def __init__(self, units: Units, shard: int, read_only: bool) -> None:
+    def __init__(self, units: Units, shard: int, read_only: bool, implicit: bool = False) -> None:
         self.units = units
         self.shard = shard
         self.read_only = read_only
+        self.implicit = implicit
 
     def __enter__(self) -> psycopg.Connection[Any]:
         units = self.units
         self.route = route = units.maps.get().route(self.shard)
         self.conn = conn = units.pools.borrow(route.database)
         try:
-            conn.begin_unit(units.claim_for(self.shard, self.read_only))
+            conn.begin_unit(units.claim_for(self.shard, self.read_only), self.implicit)
         except BaseException:
             units.pools.give_back(route.database, conn)
             raise
@@ -149,7 +165,8 @@ class UnitOfWork:
                     if failure is None:
                         raise
             else:
-                failure = units._failed(conn, route, e, False)
+                # a write sent with its commit (implicit): a connection that broke meanwhile may have committed it
+                failure = units._failed(conn, route, e, self.implicit and not self.read_only)
                 if failure is None:
                     return False  # e itself goes on
             raise failure from e

@@ -1,0 +1,177 @@
+"""Router.execute / AsyncRouter.execute on real servers: one statement as a unit of work of its own, its claim,
+the statement and the commit in one round trip (the extended protocol's implicit transaction, committed at its
+Sync). The guarantee is Router.run's: nothing runs before the claim, a refused claim runs nothing, a move is
+retried on the new database; and the commit that travels with the statement is checked like one sent alone."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from test_routing import count, hand_move, router, sharded  # noqa: F401 - fixtures
+from test_routing_claim import round_trips
+
+from pgidgen.config import Config
+from pgidgen.idgen import CLAIM_LOCK_BASE, LOCK_CLASS
+from pgidgen.routing import AsyncRouter, Router
+
+INSERT = "INSERT INTO items (k, note) VALUES (%s, %s) RETURNING id"
+#: the extended protocol's implicit transaction and a pipeline's errors are the server's: every major
+pytestmark = pytest.mark.sensitive
+
+
+def locks_held(dsn: str, shard: int) -> int:
+    with psycopg.connect(dsn) as c:
+        row = c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objid = %s",
+                        (LOCK_CLASS, (CLAIM_LOCK_BASE - shard) & 0xFFFFFFFF)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def test_one_round_trip_rows_back_and_nothing_left_open(sharded: Config) -> None:
+    with Router(sharded, listen=False, min_size=1, max_size=1) as r:
+        with r._connection("db1") as conn:  # the pool's only connection
+            pass
+        for _ in range(7):  # past psycopg's prepare threshold: the claim and the statement go prepared
+            trips = round_trips(conn, lambda: r.execute(2, INSERT, (2, "one trip")))
+            assert [t.split()[0] for t in trips] == ["Sync"], trips
+        assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        rows = r.execute(2, "SELECT count(*), min(note) FROM items WHERE k = %s", (2,), read_only=True)
+        assert rows == [(7, "one trip")]
+        # no parameters: the claim and the statement in one simple query, no BEGIN
+        bare = round_trips(conn, lambda: r.execute(2, "SELECT count(*) FROM items", read_only=True))
+        assert len(bare) == 1 and bare[0].startswith('Query  "SELECT pgidgen.claim_shard(2, false)'), bare
+        assert r.execute(2, "UPDATE items SET note = 'x' WHERE k = 2") == []  # no rows: []
+        assert r.execute(2, "SELECT current_setting('search_path')", read_only=True) == [('"shard_2", "public"',)]
+        assert conn.execute("SELECT current_setting('search_path')").fetchone() != ('"shard_2", "public"',)  # for that one only
+    assert locks_held(sharded.dsn("db1"), 2) == 0
+    assert count(sharded.dsn("db1"), "shard_2") == 7
+
+
+@pytest.mark.parametrize("params", [True, False], ids=["with parameters", "one simple query"])
+def test_a_commit_that_fails_is_raised_and_writes_nothing(router: Router, sharded: Config, params: bool) -> None:
+    """The commit travels with the statement: a deferred constraint that fails there is the caller's error, as
+    conn.commit() would raise it, and nothing of the statement stays."""
+    with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+        c.execute("CREATE TABLE shard_1.d (k int UNIQUE DEFERRABLE INITIALLY DEFERRED)")
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        if params:
+            router.execute(1, "INSERT INTO d VALUES (%s), (%s)", (1, 1))
+        else:
+            router.execute(1, "INSERT INTO d VALUES (1), (1)")
+    with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):  # read_only: the claim makes it so, and it is not a move
+        router.execute(1, "INSERT INTO d VALUES (%s)", (2,), read_only=True)
+    assert router.execute(1, "INSERT INTO d VALUES (%s) RETURNING k", (3,)) == [(3,)]  # the connection goes on
+    assert count(sharded.dsn("db1"), "shard_1", "d") == 1
+    assert router.stats["moved"] == 0 and router.stats["retries"] == 0
+
+
+def test_a_stale_route_is_retried_and_writes_nothing_on_the_old_database(router: Router, sharded: Config) -> None:
+    router.execute(3, INSERT, (3, "before"))
+    retired = hand_move(sharded, 3, "db1", "db3")
+    [(new_id,)] = router.execute(3, INSERT, (3, "after"))  # the cached map still says db1
+    assert router.stats["moved"] == 1 and router.stats["retries"] == 1 and router.database_for(3) == "db3"
+    assert router.shard_of(new_id) == 3
+    assert count(sharded.dsn("db1"), retired) == 1  # only the row from before the move
+    assert count(sharded.dsn("db3"), "shard_3") == 2
+
+
+def test_a_claim_dropped_by_name_is_prepared_again(sharded: Config) -> None:
+    """The claim is prepared once per connection; a unit that DEALLOCATEs it by name (psycopg's cache never
+    notices) must not fail the next execute: the implicit transaction is gone with the failed claim, the cache
+    forgets, and the same execute prepares it again."""
+    with Router(sharded, listen=False, min_size=1, max_size=1) as r:
+        for i in range(7):
+            r.execute(2, INSERT, (2, f"warm {i}"))
+
+        def drop(c: psycopg.Connection[Any]) -> None:
+            row = c.execute("SELECT name FROM pg_prepared_statements WHERE statement LIKE '%claim_shard%'").fetchone()
+            assert row is not None
+            c.execute(psycopg.sql.SQL("DEALLOCATE {}").format(psycopg.sql.Identifier(row[0])))
+
+        r.run(2, drop)
+        r.execute(2, INSERT, (2, "after"))
+        assert r.stats["moved"] == 0
+    assert count(sharded.dsn("db1"), "shard_2") == 8
+
+
+def test_a_write_whose_connection_broke_after_it_was_sent_is_not_run_again(router: Router, sharded: Config) -> None:
+    """The server may have committed a statement sent with its commit before the connection broke: execute raises
+    (as psycopg does) rather than run the write a second time. Here the write waits on a lock, its server process
+    is terminated, and the row is not there once, nor twice."""
+    router.execute(0, INSERT, (0, "warm"))
+    failed: list[BaseException] = []
+    with psycopg.connect(sharded.dsn("db1")) as holder, psycopg.connect(sharded.dsn("db1"), autocommit=True) as watcher:
+        holder.execute("LOCK TABLE shard_0.items IN ACCESS EXCLUSIVE MODE")
+
+        def write() -> None:
+            try:
+                router.execute(0, INSERT, (0, "cut"))
+            except BaseException as e:  # noqa: BLE001 - checked below
+                failed.append(e)
+
+        t = threading.Thread(target=write)
+        t.start()
+        for _ in range(200):
+            row = watcher.execute("SELECT pid FROM pg_stat_activity WHERE query LIKE 'INSERT INTO items%' AND wait_event_type = 'Lock'").fetchone()
+            if row:
+                break
+            time.sleep(0.02)
+        assert row, "the write never waited on the lock"
+        holder.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+        holder.commit()
+        t.join(10)
+    assert len(failed) == 1 and isinstance(failed[0], psycopg.OperationalError), failed
+    assert router.stats["retries"] == 0
+    with psycopg.connect(sharded.dsn("db1")) as c:
+        assert c.execute("SELECT count(*) FROM shard_0.items WHERE note = 'cut'").fetchone() == (0,)
+    assert router.execute(0, INSERT, (0, "again"))  # the pool replaced the broken connection
+
+
+def test_a_continuous_writer_across_a_move_loses_nothing(sharded: Config) -> None:
+    with Router(sharded, listen=True, retry_for=10.0) as router:
+        stop = threading.Event()
+        ids: list[int] = []
+        errors: list[BaseException] = []
+
+        def writer() -> None:
+            try:
+                while not stop.is_set():
+                    ids.append(router.execute(4, INSERT, (4, "w"))[0][0])
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        t = threading.Thread(target=writer)
+        t.start()
+        while len(ids) < 20:
+            time.sleep(0.01)
+        hand_move(sharded, 4, "db2", "db3", between=lambda: time.sleep(0.2))
+        n = len(ids)
+        while len(ids) < n + 20 and t.is_alive():
+            time.sleep(0.01)
+        stop.set()
+        t.join(10)
+    assert not errors, errors
+    with psycopg.connect(sharded.dsn("db3")) as conn:
+        stored = [r[0] for r in conn.execute("SELECT id FROM shard_4.items ORDER BY id")]
+    assert stored == sorted(ids) == ids and len(set(ids)) == len(ids) > 40  # nothing lost or doubled, still rising
+
+
+def test_async_execute(sharded: Config) -> None:
+    async def main() -> tuple[list[Any], list[Any], dict[str, int]]:
+        async with AsyncRouter(sharded, listen=False) as r:
+            first = await r.execute(6, INSERT, (6, "async"))
+            hand_move(sharded, 6, "db2", "db3")
+            second = await r.execute(6, INSERT, (6, "moved"))  # retried on db3
+            rows = await r.execute(6, "SELECT note FROM items ORDER BY id", read_only=True)
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                await r.execute(6, "DELETE FROM items", read_only=True)
+            return first + second, rows, dict(r.stats)
+
+    ids, rows, stats = asyncio.run(main())
+    assert rows == [("async",), ("moved",)] and stats["moved"] == 1
+    assert len({i for (i,) in ids}) == 2
+    assert count(sharded.dsn("db3"), "shard_6") == 2
