@@ -7,6 +7,7 @@ pooled connection there with the shard's schema first on `search_path`, so unqua
         "INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id", (user_id, "hi")).fetchone()[0])
     with router.transaction(router.shard_of(photo_id)) as conn:   # any ID names its shard
         conn.execute("SELECT * FROM photos WHERE id = %s", (photo_id,))
+    rows = router.execute(shard, "SELECT * FROM photos WHERE user_id = %s", (user_id,), read_only=True)
 
 Never writing to the wrong place. The map is only a cache (the union of every database's `pgidgen.shards`,
 refreshed on `NOTIFY pgidgen_map` and whenever a route turns out stale); it decides where to *try*. What
@@ -38,7 +39,12 @@ the cutover): a write unit that waits for another of the same shard (nested, on 
 the cutover gives up at its lock_timeout (--max-pause); nothing unsafe, the move fails and is retried.
 
 The claim costs no round trip of its own: it leaves in one pipeline with the work's first statement
-(claiming.py), in the same order, so the argument above holds unchanged.
+(claiming.py), in the same order, so the argument above holds unchanged. `Router.execute` (one statement) sends
+no BEGIN or COMMIT either: the claim and the statement run in the extended protocol's implicit transaction,
+which the pipeline's Sync commits (a simple query of the two, without parameters, is one implicit transaction
+too). It is still one transaction that begins with the claim, so the argument holds for it as well; what
+differs is that the commit leaves with the statement, so a write whose connection broke after it was sent may
+have committed, and is reported rather than retried.
 
 The package, a part per concern: keys.py (keys and IDs to shards), mapcache.py (the map, its reads, LISTEN and
 polling), pools.py (the connection policy, e.g. behind PgBouncer, and the pools), claiming.py (the pools'
