@@ -260,8 +260,12 @@ def login_wait(conninfo: str) -> int:
 
 
 def address(conninfo: str) -> str:
-    """host:port of a connection string (each of a list), for messages: no password, no other setting."""
+    """host:port of a connection string (each of a list), for messages: no password, no other setting. A string
+    that names a service file's entry and no host says which entry (the host is in that file, on the server that
+    connects)."""
     params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    if params.get("service") and not (params.get("host") or params.get("hostaddr")):
+        return f"service {params['service']}" + (f" (port {params['port']})" if params.get("port") else "")
     hosts = str(params.get("host") or params.get("hostaddr") or "localhost").split(",")
     ports = str(params.get("port") or "5432").split(",")
     ports += [ports[-1]] * (len(hosts) - len(ports))

@@ -195,3 +195,17 @@ def test_the_command_a_ctrl_c_prints_shows_no_password_and_stays_one_shell_word(
     words = shlex.split(command.group(1))
     assert words[-2:] == ["--subscription-dsn", dsn.replace(f"password={password}", "password=***")], words
     assert journal_statuses(config.databases) == {}
+
+
+def test_the_refusal_names_the_source_as_its_connection_string_does() -> None:
+    """The timeout's refusal says where the login went: host:port (each of a list), never a password; a string
+    that names a service file's entry and no host names the entry (its host is in that file, on the target's
+    server), not a localhost:5432 it never used."""
+    from pgidgen.check import address
+
+    assert address("host=10.0.0.5 port=6432 password=secret user=u") == "10.0.0.5:6432"
+    assert address("host=a,b port=5433") == "a:5433,b:5433"
+    assert address("dbname=x") == "localhost:5432"
+    assert address("service=src dbname=x") == "service src"
+    assert address("service=src port=6000") == "service src (port 6000)"
+    assert address("service=src host=h") == "h:5432"
