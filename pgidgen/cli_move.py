@@ -62,7 +62,7 @@ class _CopyBar(Bar):
 @click.option("--offline", is_flag=True, help="No logical replication: dump and restore under a write lock (writes pause for the whole copy).")
 @click.option("--dry-run", is_flag=True, help="Print the plan (steps, SQL, locks) after the checks, and change nothing.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted move of SHARD from its journal.")
-@click.option("--rollback", is_flag=True, help="Undo an interrupted move of SHARD: the source serves it as before.")
+@click.option("--rollback", is_flag=True, help="Undo an interrupted move of SHARD: the source serves it as before. A Ctrl-C lets it finish.")
 @click.option("--verify", "verify_only", is_flag=True, help="Compare SHARD with the source copy its last move kept (row counts, checksums).")
 @click.option("--cleanup", is_flag=True, help="Drop the retired read-only source copy of SHARD.")
 @click.option("--drop-source", is_flag=True, help="Drop the source copy right after a verified move.")
@@ -132,13 +132,14 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
         Later ones are let go by from then on (the command is the process's last work): none cuts short the lines
         it prints at the end either."""
         signal.signal(signal.SIGINT, lambda *_: None)
+        what = "the rollback" if rollback else "the batch in flight"
         click.echo(("\n" if bar._bar is not None else "")
-                   + "pgidgen: Ctrl-C: finishing the batch in flight, then stopping (a second Ctrl-C does not cut it short)", err=True)
+                   + f"pgidgen: Ctrl-C: finishing {what}, then stopping (a second Ctrl-C does not cut it short)", err=True)
 
     interrupted: move.MovesInterrupted | None = None
     try:
-        if rollback:
-            reports = [move.rollback_move(config, shards[0])]
+        if rollback:  # undone whole or not at all by a Ctrl-C: it finishes (a kill leaves it to run again)
+            reports = [run_stoppable(lambda _: move.rollback_move(config, shards[0]), on_interrupt=notice)[0]]
         elif resume:  # one batch: a Ctrl-C lets it finish
             reports = [run_stoppable(lambda _: move.resume_move(config, shards[0], options=opts, progress=bar.show), on_interrupt=notice)[0]]
         else:

@@ -121,16 +121,18 @@ class MoveReport:
 
 
 def stop_hook_from_env() -> Hook | None:
-    """Crash tests: PGIDGEN_MOVE_STOP_AT=step makes the CLI announce the step on stderr and hang there until killed."""
+    """Crash tests: PGIDGEN_MOVE_STOP_AT=step makes the CLI announce the step on stderr and hang there until killed
+    (or, with PGIDGEN_MOVE_STOP_FOR=seconds, that long, then go on: a Ctrl-C test's window)."""
     where = os.environ.get("PGIDGEN_MOVE_STOP_AT")
     if not where:
         return None
+    seconds = float(os.environ.get("PGIDGEN_MOVE_STOP_FOR") or 3600)
 
     def hook(point: str) -> None:
         if point == where:
             sys.stderr.write(f"pgidgen: stopped at {point}\n")
             sys.stderr.flush()
-            time.sleep(3600)
+            time.sleep(seconds)
 
     return hook
 

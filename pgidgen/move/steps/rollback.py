@@ -20,6 +20,7 @@ class RollbackStep(MoverBase):
                 )
             self.journal.log(self.rec.step, "rollback", {})
             teardown(self.admin, self.tgt, self.names, self.rec.detail.get("subscription_oid"))
+            self._point("rollback:torn-down")
             if any(st == "incoming" for st, _ in rows.values()):
                 with self.tgt.transaction():
                     self._drop_target_copy()
