@@ -191,6 +191,38 @@ def test_a_write_whose_connection_broke_after_it_was_sent_is_not_run_again(route
     assert router.execute(0, INSERT, (0, "again"))  # the pool replaced the broken connection
 
 
+def terminate(dsn: str, pid: int) -> None:
+    """End a server process and wait until it is gone (its last words on its client's socket)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_a_connection_whose_server_ended_in_the_pool_is_replaced_and_the_write_goes_once(sharded: Config, api: str) -> None:
+    """A pooled connection whose server process ended while it sat idle (a restart, an idle timeout) is found
+    broken before the write leaves: nothing can have been committed, so execute tries again on a new connection,
+    as Router.run does, rather than raise the error of a write that was never sent."""
+    write = "INSERT INTO items (k, note) VALUES (%s, 'once') RETURNING id"
+    if api == "sync":
+        with Router(sharded, listen=False, min_size=1, max_size=1) as r:
+            [(pid,)] = r.execute(1, "SELECT pg_backend_pid()")
+            terminate(sharded.dsn("db1"), pid)
+            [(new_id,)] = r.execute(1, write, (1,))
+            stats = dict(r.stats)
+    else:
+        async def main() -> tuple[int, dict[str, int]]:
+            async with AsyncRouter(sharded, listen=False, min_size=1, max_size=1) as r:
+                [(pid,)] = await r.execute(1, "SELECT pg_backend_pid()")
+                terminate(sharded.dsn("db1"), pid)
+                [(new_id,)] = await r.execute(1, write, (1,))
+                return new_id, dict(r.stats)
+
+        new_id, stats = asyncio.run(main())
+    assert stats["retries"] == 1 and stats["moved"] == 0
+    with psycopg.connect(sharded.dsn("db1")) as c:
+        assert c.execute("SELECT id FROM shard_1.items WHERE note = 'once'").fetchall() == [(new_id,)]
+
+
 def test_a_continuous_writer_across_a_move_loses_nothing(sharded: Config) -> None:
     with Router(sharded, listen=True, retry_for=10.0) as router:
         stop = threading.Event()
@@ -229,6 +261,8 @@ def test_async_execute(sharded: Config) -> None:
             rows = await r.execute(6, "SELECT note FROM items ORDER BY id", read_only=True)
             with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
                 await r.execute(6, "DELETE FROM items", read_only=True)
+            with pytest.raises(psycopg.errors.SyntaxError, match="multiple commands"):  # one statement, as Router's
+                await r.execute(6, "COMMIT; DELETE FROM items", read_only=True)
             return first + second, rows, dict(r.stats)
 
     ids, rows, stats = asyncio.run(main())

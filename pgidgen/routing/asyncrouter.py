@@ -97,7 +97,7 @@ class AsyncRouter:
             raise self.sync.pools._timeout(route.database) from None
         try:
             conn.begin_unit(self.units.claim_for(shard, read_only), with_commit)
-            committing = with_commit and not read_only  # a write sent with its commit: a broken connection may have committed it
+            committing = False
             try:
                 yield conn
                 if conn.end_unit() and conn.pgconn.transaction_status != IDLE:
@@ -105,6 +105,8 @@ class AsyncRouter:
                     await conn.commit()
             except BaseException as e:
                 conn.end_unit()
+                # a write sent with its COMMIT (execute): a connection that broke meanwhile may have committed it
+                committing = committing or (conn.commit_sent and not read_only)
                 if not conn.broken and conn.pgconn.transaction_status != IDLE:
                     try:
                         await conn.rollback()

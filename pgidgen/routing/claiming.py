@@ -128,6 +128,13 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         # unit prepares again
         yield from self._conn._prepared.maintain_gen(self._conn)
         return
+    if with_commit:
+        # a connection whose server process ended while it sat in the pool (a restart, an idle timeout) is found
+        # out here, before the write leaves, and Router.execute tries again on another; found out after, the
+        # server may have committed the write, and the error is the caller's. Two reads: libpq takes the server's
+        # last words (an error it files as a notice) in one, and sees the end of the stream only in the next.
+        pgconn.consume_input()
+        pgconn.consume_input()
     prepared = self._conn._prepared
     bprep, bname = prepared.get(BEGIN, True)  # type: ignore[arg-type]
     cprep, cname = prepared.get(claim, True)  # type: ignore[arg-type]
@@ -141,6 +148,7 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         if with_commit:  # not prepared: a COMMIT the server lost would fail after the statement ran
             pgconn.send_query_params(b"COMMIT", None)
         pgconn.pipeline_sync()
+        self._conn.commit_sent = with_commit
         yield from generators.send(pgconn)
         head = []
         if bprep is Prepare.SHOULD:
@@ -216,11 +224,14 @@ class _Unit:
     pending_claim: Claim | None = None
     in_unit = False
     with_commit = False
+    #: a COMMIT left with the statement (Router.execute): broken after that, the write may have been committed
+    commit_sent = False
 
     def begin_unit(self, claim: Claim, with_commit: bool = False) -> None:
         self.pending_claim = claim
         self.in_unit = True
         self.with_commit = with_commit
+        self.commit_sent = False
 
     def end_unit(self) -> bool:
         """Leave the unit; whether its transaction began (the claim was sent)."""

@@ -150,9 +150,10 @@ class Router:
         COMMIT among them ended the claim's transaction. What cannot run in a transaction block (VACUUM, CREATE
         INDEX CONCURRENTLY, a procedure that commits) is refused by the server, as in Router.run.
 
-        Retried on the shard's new database when a move flips it, as Router.run. Not retried: a write whose
-        connection broke after it was sent (the server may have committed it; the error is raised, as psycopg
-        raises it). read_only: as Router.transaction's."""
+        Retried on the shard's new database when a move flips it, as Router.run, and on a new connection when
+        the pooled one is found broken before the write leaves (its server restarted meanwhile). Not retried: a
+        write whose connection broke after it was sent (the server may have committed it; the error is raised,
+        as psycopg raises it). read_only: as Router.transaction's."""
         return self.units.execute(shard, query, params, read_only=read_only)
 
     def run_for_key(self, key: Any, work: Callable[[psycopg.Connection[Any]], T], *, read_only: bool = False) -> T:

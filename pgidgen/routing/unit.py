@@ -166,7 +166,7 @@ class UnitOfWork:
                         raise
             else:
                 # a write sent with its COMMIT (execute): a connection that broke meanwhile may have committed it
-                failure = units._failed(conn, route, e, self.with_commit and not self.read_only)
+                failure = units._failed(conn, route, e, conn.commit_sent and not self.read_only)
                 if failure is None:
                     return False  # e itself goes on
             raise failure from e
