@@ -41,9 +41,9 @@ def test_one_round_trip_rows_back_and_nothing_left_open(sharded: Config) -> None
         assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
         rows = r.execute(2, "SELECT count(*), min(note) FROM items WHERE k = %s", (2,), read_only=True)
         assert rows == [(7, "one trip")]
-        # no parameters: the claim and the statement in one simple query, no BEGIN
+        # no parameters: the same pipeline (one statement by the extended protocol), not a simple query
         bare = round_trips(conn, lambda: r.execute(2, "SELECT count(*) FROM items", read_only=True))
-        assert len(bare) == 1 and bare[0].startswith('Query  "SELECT pgidgen.claim_shard(2, false)'), bare
+        assert bare == ["Sync"], bare
         assert r.execute(2, "UPDATE items SET note = 'x' WHERE k = 2") == []  # no rows: []
         assert r.execute(2, "SELECT current_setting('search_path')", read_only=True) == [('"shard_2", "public"',)]
         assert conn.execute("SELECT current_setting('search_path')").fetchone() != ('"shard_2", "public"',)  # for that one only
@@ -51,7 +51,7 @@ def test_one_round_trip_rows_back_and_nothing_left_open(sharded: Config) -> None
     assert count(sharded.dsn("db1"), "shard_2") == 7
 
 
-@pytest.mark.parametrize("params", [True, False], ids=["with parameters", "one simple query"])
+@pytest.mark.parametrize("params", [True, False], ids=["with parameters", "without"])
 def test_a_commit_that_fails_is_raised_and_writes_nothing(router: Router, sharded: Config, params: bool) -> None:
     """The commit travels with the statement: a deferred constraint that fails there is the caller's error, as
     conn.commit() would raise it, and nothing of the statement stays."""
@@ -62,11 +62,71 @@ def test_a_commit_that_fails_is_raised_and_writes_nothing(router: Router, sharde
             router.execute(1, "INSERT INTO d VALUES (%s), (%s)", (1, 1))
         else:
             router.execute(1, "INSERT INTO d VALUES (1), (1)")
+    with router._connection("db1") as conn:  # the one the failed unit gave back: out of the pipeline, no transaction
+        assert (conn.pgconn.transaction_status, conn.pgconn.pipeline_status) == CLEAN[:2]
     with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):  # read_only: the claim makes it so, and it is not a move
         router.execute(1, "INSERT INTO d VALUES (%s)", (2,), read_only=True)
     assert router.execute(1, "INSERT INTO d VALUES (%s) RETURNING k", (3,)) == [(3,)]  # the connection goes on
     assert count(sharded.dsn("db1"), "shard_1", "d") == 1
     assert router.stats["moved"] == 0 and router.stats["retries"] == 0
+
+
+def in_unit(r: Router) -> tuple[Any, Any, Any]:
+    """The next unit's view of its pooled connection: its state on leaving the last one, and its claim's lock."""
+    with r._connection("db1") as conn:
+        states = (conn.pgconn.transaction_status, conn.pgconn.pipeline_status)
+    return (*states, r.execute(1, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")[0][0])
+
+
+CLEAN = (psycopg.pq.TransactionStatus.IDLE, psycopg.pq.PipelineStatus.OFF, 1)
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["write", "read_only"])
+def test_a_string_of_statements_is_refused_and_nothing_of_it_runs(sharded: Config, read_only: bool) -> None:
+    """One statement: sent as one simple query with the claim, "COMMIT; INSERT ..." would commit the claim's
+    transaction and run the INSERT unclaimed (no lock against the flip, and writable under read_only). The
+    extended protocol takes one statement: the server refuses the string and nothing of it runs."""
+    with Router(sharded, listen=False, min_size=1, max_size=1) as r:
+        for query in ("COMMIT; INSERT INTO items (k, note) VALUES (1, 'unclaimed')",
+                      "COMMIT; INSERT INTO shard_1.items (k, note) VALUES (1, 'unclaimed')",
+                      "BEGIN; INSERT INTO shard_1.items (k, note) VALUES (1, 'two')"):
+            with pytest.raises(psycopg.errors.SyntaxError, match="multiple commands"):
+                r.execute(1, query, read_only=read_only)
+            assert in_unit(r) == CLEAN
+        assert r.stats["moved"] == 0 and r.stats["retries"] == 0
+    assert count(sharded.dsn("db1"), "shard_1") == 0
+
+
+@pytest.mark.parametrize(("statement", "error"), [
+    ("CALL shard_1.commits(%s)", psycopg.errors.InvalidTransactionTermination),
+    ("CALL shard_1.commits(1)", psycopg.errors.InvalidTransactionTermination),
+    ("VACUUM shard_1.items", psycopg.errors.ActiveSqlTransaction),
+    ("CREATE INDEX CONCURRENTLY ON shard_1.items (k)", psycopg.errors.ActiveSqlTransaction),
+    ("COMMIT", None), ("BEGIN", None), ("ROLLBACK", None),
+])
+def test_what_would_end_the_claims_transaction_runs_nothing_unclaimed(sharded: Config, statement: str, error: Any) -> None:
+    """The claim's transaction is a block, as in Router.run: a procedure's COMMIT (let through by PostgreSQL
+    before 18 in the extended protocol's implicit transaction, the rest of the procedure then unclaimed), VACUUM,
+    CREATE INDEX CONCURRENTLY are the server's errors; transaction control alone ends the block early, with
+    nothing after it; and the connection goes back clean, the next unit claims."""
+    with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+        c.execute("""CREATE PROCEDURE shard_1.commits(n int) LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO shard_1.items (k, note) VALUES (n, 'claimed');
+                COMMIT;
+                INSERT INTO shard_1.items (k, note) VALUES (n, 'unclaimed');
+            END $$""")
+    with Router(sharded, listen=False, min_size=1, max_size=1) as r:
+        params = (1,) if "%s" in statement else None
+        if error is None:
+            assert r.execute(1, statement, params) == []
+        else:
+            with pytest.raises(error):
+                r.execute(1, statement, params)
+        assert in_unit(r) == CLEAN
+    assert count(sharded.dsn("db1"), "shard_1") == 0
+    with psycopg.connect(sharded.dsn("db1")) as c:
+        assert c.execute("SELECT count(*) FROM pg_indexes WHERE schemaname = 'shard_1' AND indexdef LIKE '%(k)%'").fetchone() == (0,)
 
 
 def test_a_stale_route_is_retried_and_writes_nothing_on_the_old_database(router: Router, sharded: Config) -> None:
@@ -131,6 +191,38 @@ def test_a_write_whose_connection_broke_after_it_was_sent_is_not_run_again(route
     assert router.execute(0, INSERT, (0, "again"))  # the pool replaced the broken connection
 
 
+def terminate(dsn: str, pid: int) -> None:
+    """End a server process and wait until it is gone (its last words on its client's socket)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_a_connection_whose_server_ended_in_the_pool_is_replaced_and_the_write_goes_once(sharded: Config, api: str) -> None:
+    """A pooled connection whose server process ended while it sat idle (a restart, an idle timeout) is found
+    broken before the write leaves: nothing can have been committed, so execute tries again on a new connection,
+    as Router.run does, rather than raise the error of a write that was never sent."""
+    write = "INSERT INTO items (k, note) VALUES (%s, 'once') RETURNING id"
+    if api == "sync":
+        with Router(sharded, listen=False, min_size=1, max_size=1) as r:
+            [(pid,)] = r.execute(1, "SELECT pg_backend_pid()")
+            terminate(sharded.dsn("db1"), pid)
+            [(new_id,)] = r.execute(1, write, (1,))
+            stats = dict(r.stats)
+    else:
+        async def main() -> tuple[int, dict[str, int]]:
+            async with AsyncRouter(sharded, listen=False, min_size=1, max_size=1) as r:
+                [(pid,)] = await r.execute(1, "SELECT pg_backend_pid()")
+                terminate(sharded.dsn("db1"), pid)
+                [(new_id,)] = await r.execute(1, write, (1,))
+                return new_id, dict(r.stats)
+
+        new_id, stats = asyncio.run(main())
+    assert stats["retries"] == 1 and stats["moved"] == 0
+    with psycopg.connect(sharded.dsn("db1")) as c:
+        assert c.execute("SELECT id FROM shard_1.items WHERE note = 'once'").fetchall() == [(new_id,)]
+
+
 def test_a_continuous_writer_across_a_move_loses_nothing(sharded: Config) -> None:
     with Router(sharded, listen=True, retry_for=10.0) as router:
         stop = threading.Event()
@@ -169,6 +261,8 @@ def test_async_execute(sharded: Config) -> None:
             rows = await r.execute(6, "SELECT note FROM items ORDER BY id", read_only=True)
             with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
                 await r.execute(6, "DELETE FROM items", read_only=True)
+            with pytest.raises(psycopg.errors.SyntaxError, match="multiple commands"):  # one statement, as Router's
+                await r.execute(6, "COMMIT; DELETE FROM items", read_only=True)
             return first + second, rows, dict(r.stats)
 
     ids, rows, stats = asyncio.run(main())

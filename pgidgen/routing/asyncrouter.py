@@ -87,8 +87,8 @@ class AsyncRouter:
         return self._unit(shard, read_only, False)
 
     @asynccontextmanager
-    async def _unit(self, shard: int, read_only: bool, implicit: bool) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """A claimed unit of work; implicit: one statement whose commit travels with it (execute)."""
+    async def _unit(self, shard: int, read_only: bool, with_commit: bool) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A claimed unit of work; with_commit: one statement whose COMMIT travels with it (execute)."""
         route = await self.route(shard)
         pool = await self._pool(route.database)
         try:
@@ -96,8 +96,8 @@ class AsyncRouter:
         except PoolTimeout:
             raise self.sync.pools._timeout(route.database) from None
         try:
-            conn.begin_unit(self.units.claim_for(shard, read_only), implicit)
-            committing = implicit and not read_only  # a write sent with its commit: a broken connection may have committed it
+            conn.begin_unit(self.units.claim_for(shard, read_only), with_commit)
+            committing = False
             try:
                 yield conn
                 if conn.end_unit() and conn.pgconn.transaction_status != IDLE:
@@ -105,6 +105,8 @@ class AsyncRouter:
                     await conn.commit()
             except BaseException as e:
                 conn.end_unit()
+                # a write sent with its COMMIT (execute): a connection that broke meanwhile may have committed it
+                committing = committing or (conn.commit_sent and not read_only)
                 if not conn.broken and conn.pgconn.transaction_status != IDLE:
                     try:
                         await conn.rollback()

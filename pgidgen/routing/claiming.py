@@ -85,35 +85,41 @@ class ClaimingCursor(psycopg.Cursor[Any]):
         conn.pending_claim = None
         try:
             with conn.lock:
-                conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, implicit=conn.implicit_unit))
+                conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
         except e._NO_TRACEBACK as ex:
             raise ex.with_traceback(None)
         return self
 
 
 def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepare: bool | None, binary: bool | None,
-                        again: bool = True, implicit: bool = False) -> Any:
+                        again: bool = True, with_commit: bool = False) -> Any:
     """BEGIN, the claim and the statement in one pipeline and one network write; the results in one read.
     psycopg's own pipeline sends each command on its own and costs more than the round trip it saves. BEGIN and
     the claim are prepared once per connection (unless the connection prepares nothing, as behind a transaction
     pooler), the statement as psycopg would prepare it. Should the server have lost them (the application
     ran DEALLOCATE in an earlier unit, where psycopg's cache did not see it), nothing ran after it: roll back,
     forget what the cache holds, and start over once.
+    with_commit (Router.execute): COMMIT follows the statement in the same pipeline, one round trip in all. The
+    transaction stays an explicit block, not the extended protocol's implicit one, so the server refuses there
+    what would end the claim's transaction halfway, as in Router.run: PostgreSQL before 18 lets a procedure
+    COMMIT in an implicit one and run on unclaimed. And the statement goes by the extended protocol even without
+    parameters: one statement, never a string where a COMMIT ends the claim's transaction and the rest runs
+    unclaimed (even writes, under read_only).
     self: a psycopg Cursor or AsyncCursor (the generator is psycopg's way to serve both)."""
     yield from self._start_query(query)
     pgq = self._convert_query(query, params)
     self._query = pgq
     fmt = self.format if binary is None else (pq.Format.BINARY if binary else pq.Format.TEXT)
     pgconn = self._pgconn
-    if not pgq.params and fmt == pq.Format.TEXT:
+    if not pgq.params and fmt == pq.Format.TEXT and not with_commit:
         # no parameters: psycopg sends such a query as a simple one (it may hold several statements); so do we,
         # behind BEGIN and the claim in the same message
-        pgconn.send_query((b"" if implicit else b"BEGIN; ") + claim.text + b"; " + pgq.query)
+        pgconn.send_query(b"BEGIN; " + claim.text + b"; " + pgq.query)
         results = yield from generators.execute(pgconn)
         discard = getattr(self._conn._prepared, "_should_discard", None)  # where psycopg has it (else: the retry below)
         if discard is not None:
             discard(Prepare.NO, results)  # DEALLOCATE ALL, ROLLBACK, DROP, ALTER: what the server forgot or may plan anew
-        head, results = results[:1 if implicit else 2], results[1 if implicit else 2:]
+        head, results = results[:2], results[2:]
         _raise_first(head, pgconn)
         self._check_results(results)
         self._set_results(results)
@@ -122,25 +128,33 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         # unit prepares again
         yield from self._conn._prepared.maintain_gen(self._conn)
         return
+    if with_commit:
+        # a connection whose server process ended while it sat in the pool (a restart, an idle timeout) is found
+        # out here, before the write leaves, and Router.execute tries again on another; found out after, the
+        # server may have committed the write, and the error is the caller's. Two reads: libpq takes the server's
+        # last words (an error it files as a notice) in one, and sees the end of the stream only in the next.
+        pgconn.consume_input()
+        pgconn.consume_input()
     prepared = self._conn._prepared
-    bprep, bname = (Prepare.NO, b"") if implicit else prepared.get(BEGIN, True)  # type: ignore[arg-type]
+    bprep, bname = prepared.get(BEGIN, True)  # type: ignore[arg-type]
     cprep, cname = prepared.get(claim, True)  # type: ignore[arg-type]
     prep, name = prepared.get(pgq, prepare)
     pgconn.enter_pipeline_mode()
     done = False
     try:
-        bkey = None if implicit else _send(pgconn, prepared, BEGIN, bprep, bname, pq.Format.TEXT)
+        bkey = _send(pgconn, prepared, BEGIN, bprep, bname, pq.Format.TEXT)
         ckey = _send(pgconn, prepared, claim, cprep, cname, pq.Format.TEXT)
         key = _send(pgconn, prepared, pgq, prep, name, fmt)
+        if with_commit:  # not prepared: a COMMIT the server lost would fail after the statement ran
+            pgconn.send_query_params(b"COMMIT", None)
         pgconn.pipeline_sync()
+        self._conn.commit_sent = with_commit
         yield from generators.send(pgconn)
         head = []
-        began = []
-        if not implicit:
-            if bprep is Prepare.SHOULD:
-                head += yield from generators.fetch_many(pgconn)
-            began = yield from generators.fetch_many(pgconn)  # BEGIN
-            head += began
+        if bprep is Prepare.SHOULD:
+            head += yield from generators.fetch_many(pgconn)
+        began = yield from generators.fetch_many(pgconn)  # BEGIN
+        head += began
         if cprep is Prepare.SHOULD:
             head += yield from generators.fetch_many(pgconn)
         claimed = yield from generators.fetch_many(pgconn)
@@ -148,9 +162,8 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         if prep is Prepare.SHOULD:
             head += yield from generators.fetch_many(pgconn)
         results = yield from generators.fetch_many(pgconn)
-        # the sync; before it, an error of an implicit transaction's commit (a deferred constraint) comes as a
-        # result of its own
-        synced = yield from generators.fetch_many(pgconn)
+        committed = (yield from generators.fetch_many(pgconn)) if with_commit else []
+        synced = yield from generators.fetch_many(pgconn)  # the sync (an error first, were there one)
         while synced and synced[-1].status != pq.ExecStatus.PIPELINE_SYNC:
             synced += yield from generators.fetch_many(pgconn)
         done = True
@@ -166,18 +179,20 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         prepared.validate(ckey, cprep, cname, claimed)
     if key is not None:
         prepared.validate(key, prep, name, results)
+    discard = getattr(prepared, "_should_discard", None)
+    if discard is not None:  # as after the simple query: a DEALLOCATE ALL psycopg's cache saw before
+        discard(Prepare.NO, results)
     if Prepare.SHOULD in (prep, cprep, bprep) and any(res.status == pq.ExecStatus.FATAL_ERROR for res in head):
         prepared.clear()  # a statement may not have been prepared after all: start over
     lost = (began and began[0].error_field(DIAG_SQLSTATE) == LOST_STATEMENT) or (claimed and claimed[0].error_field(DIAG_SQLSTATE) == LOST_STATEMENT)
     if again and Prepare.YES in (bprep, cprep) and lost:
-        if not implicit:
-            yield from self._conn._exec_command(b"ROLLBACK")
+        yield from self._conn._exec_command(b"ROLLBACK")
         prepared.clear()
         yield from prepared.maintain_gen(self._conn)  # DEALLOCATE ALL, before the claim is prepared again
-        return (yield from claimed_execute_gen(self, query, params, claim, prepare, binary, again=False, implicit=implicit))
+        return (yield from claimed_execute_gen(self, query, params, claim, prepare, binary, again=False, with_commit=with_commit))
     _raise_first(head, pgconn)
     self._check_results(results)
-    _raise_first(synced, pgconn)  # an implicit transaction's commit that failed (a deferred constraint)
+    _raise_first(committed + synced, pgconn)  # a COMMIT that failed (a deferred constraint): nothing of it stays
     self._set_results(results)
     self._last_query = query
     yield from prepared.maintain_gen(self._conn)
@@ -208,12 +223,15 @@ class _Unit:
 
     pending_claim: Claim | None = None
     in_unit = False
-    implicit_unit = False
+    with_commit = False
+    #: a COMMIT left with the statement (Router.execute): broken after that, the write may have been committed
+    commit_sent = False
 
-    def begin_unit(self, claim: Claim, implicit: bool = False) -> None:
+    def begin_unit(self, claim: Claim, with_commit: bool = False) -> None:
         self.pending_claim = claim
         self.in_unit = True
-        self.implicit_unit = implicit
+        self.with_commit = with_commit
+        self.commit_sent = False
 
     def end_unit(self) -> bool:
         """Leave the unit; whether its transaction began (the claim was sent)."""
@@ -272,7 +290,7 @@ class AsyncClaimingCursor(psycopg.AsyncCursor[Any]):
         conn.pending_claim = None
         try:
             async with conn.lock:
-                await conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, implicit=conn.implicit_unit))
+                await conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
         except e._NO_TRACEBACK as ex:
             raise ex.with_traceback(None)
         return self

@@ -142,12 +142,18 @@ class Router:
     def execute(self, shard: int, query: Any, params: Any = None, *, read_only: bool = False) -> list[Any]:
         """One statement as a unit of work of its own, on the database serving shard: its claim, the statement
         and the commit leave together and come back in one round trip (where Router.run's transaction takes two
-        and plain psycopg's three), in one transaction (the extended protocol's implicit one, committed at its
-        Sync). Returns the statement's rows ([] when it returns none: add RETURNING to see what was written).
+        and plain psycopg's three): BEGIN, the claim, the statement and COMMIT in one pipeline. Returns the
+        statement's rows ([] when it returns none: add RETURNING to see what was written).
 
-        Retried on the shard's new database when a move flips it, as Router.run. Not retried: a write whose
-        connection broke after it was sent (the server may have committed it; the error is raised, as psycopg
-        raises it). read_only: as Router.transaction's."""
+        One statement, sent by the extended protocol even without parameters: a string of several is the server's
+        error (42601, "cannot insert multiple commands into a prepared statement"), never run in part after a
+        COMMIT among them ended the claim's transaction. What cannot run in a transaction block (VACUUM, CREATE
+        INDEX CONCURRENTLY, a procedure that commits) is refused by the server, as in Router.run.
+
+        Retried on the shard's new database when a move flips it, as Router.run, and on a new connection when
+        the pooled one is found broken before the write leaves (its server restarted meanwhile). Not retried: a
+        write whose connection broke after it was sent (the server may have committed it; the error is raised,
+        as psycopg raises it). read_only: as Router.transaction's."""
         return self.units.execute(shard, query, params, read_only=read_only)
 
     def run_for_key(self, key: Any, work: Callable[[psycopg.Connection[Any]], T], *, read_only: bool = False) -> T:

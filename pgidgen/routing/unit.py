@@ -59,7 +59,7 @@ class Units:
         delay = 0.005
         while True:
             try:
-                with UnitOfWork(self, shard, read_only, implicit=True) as conn:
+                with UnitOfWork(self, shard, read_only, with_commit=True) as conn:
                     cur = conn.cursor()
                     cur.execute(query, params)
                     return cur.fetchall() if cur.description is not None else []
@@ -130,20 +130,20 @@ class UnitOfWork:
     claim the shard with the first statement; on leaving, commit, or roll back and say why. A class rather than
     a generator-based context manager: it runs for every unit of work, and that costs a few microseconds less."""
 
-    __slots__ = ("units", "shard", "read_only", "implicit", "route", "conn")
+    __slots__ = ("units", "shard", "read_only", "with_commit", "route", "conn")
 
-    def __init__(self, units: Units, shard: int, read_only: bool, implicit: bool = False) -> None:
+    def __init__(self, units: Units, shard: int, read_only: bool, with_commit: bool = False) -> None:
         self.units = units
         self.shard = shard
         self.read_only = read_only
-        self.implicit = implicit
+        self.with_commit = with_commit
 
     def __enter__(self) -> psycopg.Connection[Any]:
         units = self.units
         self.route = route = units.maps.get().route(self.shard)
         self.conn = conn = units.pools.borrow(route.database)
         try:
-            conn.begin_unit(units.claim_for(self.shard, self.read_only), self.implicit)
+            conn.begin_unit(units.claim_for(self.shard, self.read_only), self.with_commit)
         except BaseException:
             units.pools.give_back(route.database, conn)
             raise
@@ -165,8 +165,8 @@ class UnitOfWork:
                     if failure is None:
                         raise
             else:
-                # a write sent with its commit (implicit): a connection that broke meanwhile may have committed it
-                failure = units._failed(conn, route, e, self.implicit and not self.read_only)
+                # a write sent with its COMMIT (execute): a connection that broke meanwhile may have committed it
+                failure = units._failed(conn, route, e, conn.commit_sent and not self.read_only)
                 if failure is None:
                     return False  # e itself goes on
             raise failure from e
