@@ -39,12 +39,12 @@ the cutover): a write unit that waits for another of the same shard (nested, on 
 the cutover gives up at its lock_timeout (--max-pause); nothing unsafe, the move fails and is retried.
 
 The claim costs no round trip of its own: it leaves in one pipeline with the work's first statement
-(claiming.py), in the same order, so the argument above holds unchanged. `Router.execute` (one statement) sends
-no BEGIN or COMMIT either: the claim and the statement run in the extended protocol's implicit transaction,
-which the pipeline's Sync commits (a simple query of the two, without parameters, is one implicit transaction
-too). It is still one transaction that begins with the claim, so the argument holds for it as well; what
-differs is that the commit leaves with the statement, so a write whose connection broke after it was sent may
-have committed, and is reported rather than retried.
+(claiming.py), in the same order, so the argument above holds unchanged. `Router.execute` (one statement) adds COMMIT to that pipeline: BEGIN, the claim, the statement and COMMIT
+leave together, one round trip. It is an explicit transaction block like Router.run's (not the extended
+protocol's implicit transaction, in which PostgreSQL before 18 lets a procedure COMMIT and run on unclaimed),
+and the statement always goes by the extended protocol, so a string of several is refused rather than run past
+a COMMIT among them. What differs is that the COMMIT leaves with the statement: a write whose connection broke
+after it was sent may have committed, and is reported rather than retried.
 
 The package, a part per concern: keys.py (keys and IDs to shards), mapcache.py (the map, its reads, LISTEN and
 polling), pools.py (the connection policy, e.g. behind PgBouncer, and the pools), claiming.py (the pools'
