@@ -284,3 +284,99 @@ def test_a_database_without_claim_shard_is_named_and_the_connection_recovers(sha
         for n in range(3):
             r.run(2, insert(2, f"claimed {n}"))
     assert count(sharded.dsn("db1"), "shard_2") == 3
+
+
+@pytest.mark.parametrize("way", ["COMMIT; INSERT first", "COMMIT; INSERT later", "END, commented", "COMMIT AND CHAIN", "ROLLBACK",
+                                 "PREPARE TRANSACTION", "executemany COMMIT, then INSERT"])
+def test_a_unit_cannot_end_its_transaction_and_go_on_unclaimed(router: Router, sharded: Config, way: str) -> None:
+    """The connection is autocommit: had a statement of the unit ended its transaction, the statements after it
+    would run each on its own, unclaimed (no lock against a flip, perhaps on a database that no longer serves
+    the shard). Statements that end it are refused before they are sent (routing/ending.py), and one that got
+    through another way (executemany) leaves the next statement refused; the unit rolls back, nothing of it stays,
+    and the connection's next unit claims as ever."""
+    unclaimed = "INSERT INTO items (k, note) VALUES (1, 'unclaimed')"
+
+    def work(c: psycopg.Connection[Any]) -> None:
+        if way == "COMMIT; INSERT first":
+            c.execute("COMMIT; " + unclaimed)
+            return
+        c.execute("INSERT INTO items (k, note) VALUES (%s, %s)", (1, "claimed"))
+        if way == "COMMIT; INSERT later":
+            c.execute("COMMIT; " + unclaimed)
+        elif way == "END, commented":
+            c.execute("/* done */ END")
+        elif way == "COMMIT AND CHAIN":
+            c.execute("commit and chain")
+        elif way == "ROLLBACK":
+            c.execute("ROLLBACK")
+        elif way == "PREPARE TRANSACTION":
+            c.execute("PREPARE TRANSACTION 'pgidgen_test'")
+        else:
+            c.cursor().executemany("COMMIT", [()])
+        c.execute("INSERT INTO items (k, note) VALUES (%s, %s)", (1, "unclaimed"))
+
+    with pytest.raises(psycopg.ProgrammingError, match="Router unit|unit of work's transaction"):
+        router.run(1, work)
+    claimed = 1 if way == "executemany COMMIT, then INSERT" else 0  # executemany's COMMIT went through: the row before it
+    with psycopg.connect(sharded.dsn("db1")) as c:
+        assert c.execute("SELECT note, count(*) FROM shard_1.items GROUP BY 1").fetchall() == ([("claimed", 1)] if claimed else [])
+        assert c.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone() == (0,)
+    router.run(1, lambda c: c.execute("SAVEPOINT a; SELECT CASE WHEN true THEN 1 END; ROLLBACK TO SAVEPOINT a"))  # not refused
+    assert router.run(1, insert(1, "after")) > 0
+    assert count(sharded.dsn("db1"), "shard_1") == claimed + 1
+
+
+@pytest.mark.parametrize("api", ["run", "async run"])
+def test_a_commit_whose_connection_broke_is_not_run_again(sharded: Config, api: str) -> None:
+    """A COMMIT that left but whose connection broke (here its server process is terminated while a deferred
+    trigger holds the COMMIT, and meanwhile the shard's row says it moved) may or may not have been applied: the
+    Router raises the error as psycopg does and runs nothing again, even though the row would make it look like a
+    move (57P01 is one of a move's symptoms, and retrying after it could write twice)."""
+    import asyncio
+    import threading
+    import time
+
+    from pgidgen.routing import AsyncRouter
+
+    with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+        c.execute("CREATE FUNCTION shard_2.slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$")
+        c.execute("CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON shard_2.items DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION shard_2.slow()")
+    failed: list[BaseException] = []
+    stats: dict[str, int] = {}
+
+    def write() -> None:
+        try:
+            if api == "run":
+                with Router(sharded, listen=False, retry_for=2.0) as r:
+                    try:
+                        r.run(2, insert(2, "cut"))
+                    finally:
+                        stats.update(r.stats)
+            else:
+                async def main() -> None:
+                    async with AsyncRouter(sharded, listen=False, retry_for=2.0) as r:
+                        try:
+                            await r.run(2, lambda c: c.execute("INSERT INTO items (k, note) VALUES (2, 'cut')"))
+                        finally:
+                            stats.update(r.stats)
+                asyncio.run(main())
+        except BaseException as e:  # noqa: BLE001 - checked below
+            failed.append(e)
+
+    t = threading.Thread(target=write)
+    t.start()
+    with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+        pid = None
+        for _ in range(500):
+            row = c.execute("SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query = 'COMMIT'").fetchone()
+            if row:
+                pid = row[0]
+                break
+            time.sleep(0.02)
+        assert pid is not None, "the COMMIT never reached the trigger"
+        c.execute("UPDATE pgidgen.shards SET state = 'retired' WHERE shard = 2")  # as if it moved meanwhile
+        c.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    t.join(30)
+    assert not t.is_alive()
+    assert len(failed) == 1 and isinstance(failed[0], psycopg.OperationalError), failed
+    assert stats["retries"] == 0 and stats["moved"] == 0, stats

@@ -48,8 +48,8 @@ after it was sent may have committed, and is reported rather than retried.
 
 The package, a part per concern: keys.py (keys and IDs to shards), mapcache.py (the map, its reads, LISTEN and
 polling), pools.py (the connection policy, e.g. behind PgBouncer, and the pools), claiming.py (the pools'
-connection class), unit.py (the claimed unit of work and its retries), router.py (the Router that puts them
-together).
+connection class), ending.py (the statements that would end a unit's transaction, refused), unit.py (the
+claimed unit of work and its retries), router.py (the Router that puts them together).
 """
 from __future__ import annotations
 

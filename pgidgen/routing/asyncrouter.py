@@ -114,7 +114,9 @@ class AsyncRouter:
                         pass
                 if not isinstance(e, psycopg.Error):
                     raise
-                if conn.broken and not committing:
+                if conn.broken and committing:  # the COMMIT left: whether it was applied no one can tell
+                    raise
+                if conn.broken:
                     raise ShardUnavailableError(
                         f"the connection to database {route.database} broke before the transaction committed: {pg_message(e)}",
                         hint="nothing was written; AsyncRouter.run retries with a new connection",

@@ -18,6 +18,8 @@ from psycopg import errors as e
 from psycopg import generators, pq, sql
 from psycopg._preparing import Prepare
 
+from .ending import GONE, refuse_ending
+
 IN_UNIT = "commit() and rollback() are not allowed inside a Router unit of work: it commits when the block ends"
 
 
@@ -78,6 +80,8 @@ def _fast_path_available() -> bool:
 class ClaimingCursor(psycopg.Cursor[Any]):
     def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None) -> ClaimingCursor:
         conn = self._conn
+        if getattr(conn, "in_unit", False):
+            refuse_ending(conn, query)
         claim = getattr(conn, "pending_claim", None)
         if claim is None or conn._pipeline is not None or not FAST:
             super().execute(query, params, prepare=prepare, binary=binary)
@@ -85,7 +89,10 @@ class ClaimingCursor(psycopg.Cursor[Any]):
         conn.pending_claim = None
         try:
             with conn.lock:
-                conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
+                try:
+                    conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
+                finally:
+                    conn.claim_sent = True
         except e._NO_TRACEBACK as ex:
             raise ex.with_traceback(None)
         return self
@@ -222,6 +229,8 @@ class _Unit:
     """What the sync and async connection classes share: the claim held back until the first statement."""
 
     pending_claim: Claim | None = None
+    #: the unit's transaction began with its claim: from then on it must not end before the unit does
+    claim_sent = False
     in_unit = False
     with_commit = False
     #: a COMMIT left with the statement (Router.execute): broken after that, the write may have been committed
@@ -229,6 +238,7 @@ class _Unit:
 
     def begin_unit(self, claim: Claim, with_commit: bool = False) -> None:
         self.pending_claim = claim
+        self.claim_sent = False
         self.in_unit = True
         self.with_commit = with_commit
         self.commit_sent = False
@@ -243,10 +253,13 @@ class _Unit:
     def _start_query(self) -> Any:  # psycopg's generator that every statement starts with
         claim = self.pending_claim
         if claim is None:
+            if self.claim_sent and self.in_unit and self.pgconn.transaction_status == pq.TransactionStatus.IDLE:  # type: ignore[attr-defined]
+                raise psycopg.ProgrammingError(GONE)  # see ending.py
             return (yield from super()._start_query())  # type: ignore[misc]
         self.pending_claim = None
         yield from self._exec_command(b"BEGIN")  # type: ignore[attr-defined]
         yield from self._exec_command(claim.text)  # type: ignore[attr-defined]
+        self.claim_sent = True
         return None
 
 
@@ -283,6 +296,8 @@ class ClaimingConnection(_Unit, psycopg.Connection[Any]):
 class AsyncClaimingCursor(psycopg.AsyncCursor[Any]):
     async def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None) -> AsyncClaimingCursor:
         conn = self._conn
+        if getattr(conn, "in_unit", False):
+            refuse_ending(conn, query)
         claim = getattr(conn, "pending_claim", None)
         if claim is None or conn._pipeline is not None or not FAST:
             await super().execute(query, params, prepare=prepare, binary=binary)
@@ -290,7 +305,10 @@ class AsyncClaimingCursor(psycopg.AsyncCursor[Any]):
         conn.pending_claim = None
         try:
             async with conn.lock:
-                await conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
+                try:
+                    await conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
+                finally:
+                    conn.claim_sent = True
         except e._NO_TRACEBACK as ex:
             raise ex.with_traceback(None)
         return self

@@ -79,8 +79,10 @@ class Units:
                 pass
         if not isinstance(e, psycopg.Error):
             return None
-        if conn.broken and not committing:  # dropped by the server or a pooler: nothing was committed
-            return ShardUnavailableError(
+        if conn.broken:
+            if committing:  # the COMMIT left: whether it was applied no one can tell, so it is not run again
+                return None
+            return ShardUnavailableError(  # dropped by the server or a pooler: nothing was committed
                 f"the connection to database {route.database} broke before the transaction committed: {pg_message(e)}",
                 hint="nothing was written; Router.run retries with a new connection",
             )

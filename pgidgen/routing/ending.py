@@ -1,0 +1,53 @@
+"""A unit of work's transaction is the claim's: whatever ends it before the unit does would let the statements
+after it run unclaimed (on an autocommit connection, each its own transaction), perhaps on a database that no
+longer serves the shard. conn.commit() and rollback() are refused inside a unit (claiming.py); so are SQL
+statements that end the transaction, found here before they are sent: COMMIT (END, COMMIT AND CHAIN), ROLLBACK
+(ABORT; ROLLBACK TO SAVEPOINT does not end it), PREPARE TRANSACTION, alone or among several in one string. And
+should one get through another way (executemany), the next statement of the unit finds the transaction gone and
+is refused (claiming._Unit._start_query)."""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+import psycopg
+from pglast import ast, parse_sql
+from pglast.enums.parsenodes import TransactionStmtKind as Kind
+
+ENDED = ("COMMIT, ROLLBACK and PREPARE TRANSACTION are not allowed inside a Router unit of work: it commits when the"
+         " block ends (nothing of this statement ran)")
+GONE = ("the unit of work's transaction was ended by a statement inside it: the rest of the unit would run unclaimed"
+        " (nothing of this statement ran; the Router commits when the block ends)")
+
+_ENDING = frozenset({Kind.TRANS_STMT_COMMIT, Kind.TRANS_STMT_ROLLBACK, Kind.TRANS_STMT_PREPARE, Kind.TRANS_STMT_COMMIT_PREPARED,
+                     Kind.TRANS_STMT_ROLLBACK_PREPARED})
+#: a word that may start a statement ending the transaction: only texts holding one are parsed
+_WORDS = re.compile(rb"(?i)\b(commit|rollback|end|abort|prepare)\b")
+#: psycopg's placeholders, which the parser does not know: any value will do for telling statements apart
+_PLACEHOLDERS = re.compile(rb"%(\([^)]*\))?[sbt]")
+
+
+@functools.lru_cache(maxsize=1024)
+def ends_transaction(text: bytes) -> bool:
+    """Whether the SQL text holds a statement that ends the transaction it runs in. Text the parser cannot read
+    is the server's to refuse (False)."""
+    if not _WORDS.search(text):
+        return False
+    try:
+        stmts = parse_sql(_PLACEHOLDERS.sub(b"NULL", text).decode("utf-8", "replace"))
+    except Exception:  # noqa: BLE001 - pglast's ParseError, or a syntax newer than it: the server decides
+        return False
+    return any(isinstance(s.stmt, ast.TransactionStmt) and s.stmt.kind in _ENDING for s in stmts)
+
+
+def refuse_ending(conn: Any, query: Any) -> None:
+    """Raise psycopg's ProgrammingError if query (str, bytes or psycopg.sql) would end conn's unit of work."""
+    if isinstance(query, str):
+        text = query.encode("utf-8")
+    elif isinstance(query, bytes):
+        text = query
+    else:
+        text = query.as_bytes(conn)
+    if ends_transaction(text):
+        raise psycopg.ProgrammingError(ENDED)
