@@ -342,16 +342,23 @@ def test_a_write_arriving_during_the_cutover_blocks_then_goes_to_the_new_databas
         assert conn.execute("SELECT id, note FROM shard_1.items").fetchall() == [(outcome["id"], "during cutover")]
 
 
-def test_a_continuous_writer_across_a_move_loses_nothing(sharded: Config) -> None:
+@pytest.mark.parametrize("api", ["run", "execute"])
+def test_a_continuous_writer_across_a_move_loses_nothing(sharded: Config, api: str) -> None:
+    """Router.run (a transaction) or Router.execute (one statement, its COMMIT in the same round trip)."""
     with Router(sharded, listen=True, retry_for=10.0) as router:
         stop = threading.Event()
         ids: list[int] = []
         errors: list[BaseException] = []
 
+        def write() -> int:
+            if api == "run":
+                return router.run(4, insert(4))
+            return int(router.execute(4, "INSERT INTO items (k, note) VALUES (%s, %s) RETURNING id", (4, ""))[0][0])
+
         def writer() -> None:
             try:
                 while not stop.is_set():
-                    ids.append(router.run(4, insert(4)))
+                    ids.append(write())
             except BaseException as e:  # noqa: BLE001 - reported below
                 errors.append(e)
 

@@ -225,35 +225,6 @@ def test_a_connection_whose_server_ended_in_the_pool_is_replaced_and_the_write_g
         assert c.execute("SELECT id FROM shard_1.items WHERE note = 'once'").fetchall() == [(new_id,)]
 
 
-def test_a_continuous_writer_across_a_move_loses_nothing(sharded: Config) -> None:
-    with Router(sharded, listen=True, retry_for=10.0) as router:
-        stop = threading.Event()
-        ids: list[int] = []
-        errors: list[BaseException] = []
-
-        def writer() -> None:
-            try:
-                while not stop.is_set():
-                    ids.append(router.execute(4, INSERT, (4, "w"))[0][0])
-            except BaseException as e:  # noqa: BLE001 - reported below
-                errors.append(e)
-
-        t = threading.Thread(target=writer)
-        t.start()
-        while len(ids) < 20:
-            time.sleep(0.01)
-        hand_move(sharded, 4, "db2", "db3", between=lambda: time.sleep(0.2))
-        n = len(ids)
-        while len(ids) < n + 20 and t.is_alive():
-            time.sleep(0.01)
-        stop.set()
-        t.join(10)
-    assert not errors, errors
-    with psycopg.connect(sharded.dsn("db3")) as conn:
-        stored = [r[0] for r in conn.execute("SELECT id FROM shard_4.items ORDER BY id")]
-    assert stored == sorted(ids) == ids and len(set(ids)) == len(ids) > 40  # nothing lost or doubled, still rising
-
-
 def test_async_execute(sharded: Config) -> None:
     async def main() -> tuple[list[Any], list[Any], dict[str, int]]:
         async with AsyncRouter(sharded, listen=False) as r:
