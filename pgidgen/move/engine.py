@@ -175,9 +175,15 @@ def _move_batch(
     """One batch: the checks (a Ctrl-C that comes before the journal is written stops it there, NotStarted: the
     batch in flight a Ctrl-C lets finish is one that has written something), the journal, then the Mover."""
     ctx, shards = ctxs[0], [c.shard for c in ctxs]
-    admin = connect(ctx.source, config.dsn(ctx.source), autocommit=True)
-    # The target's connection opens while the source is checked; the mover keeps it.
+    # The target's connection opens while the source is checked; the mover keeps it. So does a second source
+    # connection, for check_batch's catalog queries beside the other checks (see below).
     opening: Background[psycopg.Connection[Any]] = Background(lambda: connect(target, config.dsn(target), autocommit=True))
+    opening_src: Background[psycopg.Connection[Any]] | None = Background(lambda: connect(ctx.source, config.dsn(ctx.source), autocommit=True))
+    try:
+        admin = connect(ctx.source, config.dsn(ctx.source), autocommit=True)
+    except BaseException:
+        _close_opened(opening, opening_src)
+        raise
     tgt: psycopg.Connection[Any] | None = None
     early: SchemaDump | None = None
     probing: Probe | None = None
@@ -198,7 +204,8 @@ def _move_batch(
             clients_refused = e
         # check_batch's catalog queries (some 20 ms, more on a database of many shards) on connections of their
         # own, beside the checks below; its answer is asked for in its turn, so the first finding is the same
-        batch_checked = Background(lambda: _check_batch_apart(config, ctxs, ctx.source, target))
+        src_for_check, opening_src = opening_src, None
+        batch_checked = Background(lambda: _check_batch_apart(ctxs, src_for_check, opening))
         if not opts.offline and clients_refused is None:
             # The schema's pg_dump (50-100 ms, most of it pg_dump reading the catalog; more on a busy server) runs
             # while the move is checked and journaled, instead of after the slot, where the rows wait for the
@@ -256,6 +263,8 @@ def _move_batch(
             probing.stop()
         if batch_checked is not None:
             batch_checked.join()
+        if opening_src is not None:  # stopped before check_batch took it
+            _close_opened(opening_src)
         if early is not None:
             early.close()
         if tgt is None:
@@ -268,17 +277,24 @@ def _move_batch(
         release(admin, shards[0])
 
 
-def _check_batch_apart(config: Config, ctxs: list[ShardContext], source: str, target: str) -> None:
-    """check_batch on a source and a target connection of its own (it reads only the catalogs)."""
-    src = connect(source, config.dsn(source), autocommit=True)
+def _check_batch_apart(ctxs: list[ShardContext], src: Background[psycopg.Connection[Any]], tgt: Background[psycopg.Connection[Any]]) -> None:
+    """check_batch (it reads only the catalogs) on a source connection of its own and the target connection the
+    move keeps (opened at the batch's start, both): the caller does not touch the target connection until this
+    has returned. The source connection is closed here."""
+    conn = src.result()
     try:
-        tgt = connect(target, config.dsn(target), autocommit=True)
-        try:
-            check_batch(ctxs, src, tgt)
-        finally:
-            tgt.close()
+        check_batch(ctxs, conn, tgt.result())
     finally:
-        src.close()
+        conn.close()
+
+
+def _close_opened(*opening: Background[psycopg.Connection[Any]]) -> None:
+    """Close connections being opened on threads (a move that stopped before it used them)."""
+    for o in opening:
+        try:
+            o.result().close()
+        except PgidgenError:
+            pass
 
 
 class Probe:
