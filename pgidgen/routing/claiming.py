@@ -97,6 +97,12 @@ class ClaimingCursor(psycopg.Cursor[Any]):
             raise ex.with_traceback(None)
         return self
 
+    def copy(self, statement: Any, params: Any = None, *, writer: Any = None) -> Any:
+        """As psycopg's: a string of several statements goes as one simple query, a COMMIT among them too."""
+        if getattr(self._conn, "in_unit", False):
+            refuse_ending(self._conn, statement)
+        return super().copy(statement, params, writer=writer)
+
 
 def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepare: bool | None, binary: bool | None,
                         again: bool = True, with_commit: bool = False) -> Any:
@@ -312,6 +318,12 @@ class AsyncClaimingCursor(psycopg.AsyncCursor[Any]):
         except e._NO_TRACEBACK as ex:
             raise ex.with_traceback(None)
         return self
+
+    def copy(self, statement: Any, params: Any = None, *, writer: Any = None) -> Any:
+        """ClaimingCursor.copy."""
+        if getattr(self._conn, "in_unit", False):
+            refuse_ending(self._conn, statement)
+        return super().copy(statement, params, writer=writer)
 
 
 class AsyncClaimingConnection(_Unit, psycopg.AsyncConnection[Any]):
