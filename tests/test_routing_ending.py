@@ -91,3 +91,34 @@ def test_large_texts_are_not_kept_by_the_cache(router: Router) -> None:
     big = "SELECT length(%s) -- commit\n" + "-- " + "x" * 100_000
     assert router.run(1, lambda c: c.execute(big, ("a",)).fetchone()) == (1,)
     assert ending._ends_cached.cache_info().currsize == before
+
+
+@pytest.mark.parametrize("api", ["run", "async run"])
+def test_a_first_statement_refused_before_it_left_keeps_the_claim_for_the_next(sharded: Config, api: str) -> None:
+    """A first statement psycopg refuses before sending anything (its parameters do not match): the claim did not
+    leave with it, so it goes with the next statement, which runs claimed inside the unit's transaction (it was
+    refused as if the transaction had ended, and before that it ran unclaimed)."""
+    bad = "INSERT INTO items (k, note) VALUES (%s, %s)"
+
+    def work(c: psycopg.Connection[Any]) -> Any:
+        with pytest.raises(psycopg.ProgrammingError, match="placeholder"):
+            c.execute(bad, (1,))
+        c.execute(bad, (1, "claimed"))
+        return c.info.transaction_status
+
+    async def awork(c: psycopg.AsyncConnection[Any]) -> Any:
+        with pytest.raises(psycopg.ProgrammingError, match="placeholder"):
+            await c.execute(bad, (1,))
+        await c.execute(bad, (1, "claimed"))
+        return c.info.transaction_status
+
+    if api == "run":
+        with Router(sharded, listen=False) as r:
+            status = r.run(1, work)
+    else:
+        async def main() -> Any:
+            async with AsyncRouter(sharded, listen=False) as r:
+                return await r.run(1, awork)
+        status = asyncio.run(main())
+    assert status == psycopg.pq.TransactionStatus.INTRANS
+    assert count(sharded.dsn("db1"), "shard_1") == 1
