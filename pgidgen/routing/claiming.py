@@ -205,6 +205,7 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         yield from self._conn._exec_command(b"ROLLBACK")
         prepared.clear()
         yield from prepared.maintain_gen(self._conn)  # DEALLOCATE ALL, before the claim is prepared again
+        self._conn.claim_sent = False  # rolled back: the claim leaves again, with the statement
         return (yield from claimed_execute_gen(self, query, params, claim, prepare, binary, again=False, with_commit=with_commit))
     _raise_first(head, pgconn)
     self._check_results(results)
