@@ -89,13 +89,20 @@ class ClaimingCursor(psycopg.Cursor[Any]):
         conn.pending_claim = None
         try:
             with conn.lock:
-                try:
-                    conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
-                finally:
-                    conn.claim_sent = True
-        except e._NO_TRACEBACK as ex:
-            raise ex.with_traceback(None)
+                conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
+        except BaseException as ex:
+            if not conn.claim_sent:  # refused before anything left (its parameters): the claim goes with the next one
+                conn.pending_claim = claim
+            if isinstance(ex, e._NO_TRACEBACK):
+                raise ex.with_traceback(None)
+            raise
         return self
+
+    def copy(self, statement: Any, params: Any = None, *, writer: Any = None) -> Any:
+        """As psycopg's: a string of several statements goes as one simple query, a COMMIT among them too."""
+        if getattr(self._conn, "in_unit", False):
+            refuse_ending(self._conn, statement)
+        return super().copy(statement, params, writer=writer)
 
 
 def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepare: bool | None, binary: bool | None,
@@ -121,6 +128,7 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
     if not pgq.params and fmt == pq.Format.TEXT and not with_commit:
         # no parameters: psycopg sends such a query as a simple one (it may hold several statements); so do we,
         # behind BEGIN and the claim in the same message
+        self._conn.claim_sent = True
         pgconn.send_query(b"BEGIN; " + claim.text + b"; " + pgq.query)
         results = yield from generators.execute(pgconn)
         discard = getattr(self._conn._prepared, "_should_discard", None)  # where psycopg has it (else: the retry below)
@@ -146,6 +154,7 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
     bprep, bname = prepared.get(BEGIN, True)  # type: ignore[arg-type]
     cprep, cname = prepared.get(claim, True)  # type: ignore[arg-type]
     prep, name = prepared.get(pgq, prepare)
+    self._conn.claim_sent = True  # from here on the claim may have left (the caller puts it back if not)
     pgconn.enter_pipeline_mode()
     done = False
     try:
@@ -196,6 +205,7 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         yield from self._conn._exec_command(b"ROLLBACK")
         prepared.clear()
         yield from prepared.maintain_gen(self._conn)  # DEALLOCATE ALL, before the claim is prepared again
+        self._conn.claim_sent = False  # rolled back: the claim leaves again, with the statement
         return (yield from claimed_execute_gen(self, query, params, claim, prepare, binary, again=False, with_commit=with_commit))
     _raise_first(head, pgconn)
     self._check_results(results)
@@ -305,13 +315,20 @@ class AsyncClaimingCursor(psycopg.AsyncCursor[Any]):
         conn.pending_claim = None
         try:
             async with conn.lock:
-                try:
-                    await conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
-                finally:
-                    conn.claim_sent = True
-        except e._NO_TRACEBACK as ex:
-            raise ex.with_traceback(None)
+                await conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
+        except BaseException as ex:
+            if not conn.claim_sent:  # refused before anything left (its parameters): the claim goes with the next one
+                conn.pending_claim = claim
+            if isinstance(ex, e._NO_TRACEBACK):
+                raise ex.with_traceback(None)
+            raise
         return self
+
+    def copy(self, statement: Any, params: Any = None, *, writer: Any = None) -> Any:
+        """ClaimingCursor.copy."""
+        if getattr(self._conn, "in_unit", False):
+            refuse_ending(self._conn, statement)
+        return super().copy(statement, params, writer=writer)
 
 
 class AsyncClaimingConnection(_Unit, psycopg.AsyncConnection[Any]):

@@ -2,9 +2,11 @@
 after it run unclaimed (on an autocommit connection, each its own transaction), perhaps on a database that no
 longer serves the shard. conn.commit() and rollback() are refused inside a unit (claiming.py); so are SQL
 statements that end the transaction, found here before they are sent: COMMIT (END, COMMIT AND CHAIN), ROLLBACK
-(ABORT; ROLLBACK TO SAVEPOINT does not end it), PREPARE TRANSACTION, alone or among several in one string. And
-should one get through another way (executemany), the next statement of the unit finds the transaction gone and
-is refused (claiming._Unit._start_query)."""
+(ABORT; ROLLBACK TO SAVEPOINT does not end it), PREPARE TRANSACTION, alone or among several in one string, by
+execute() and copy() of the connection's cursors. And should one get through another way (executemany; a
+ClientCursor or RawCursor the application makes itself, which nothing of the connection sees the text of: the
+statements after it in the same string run unclaimed, see tests/test_routing_ending.py), the next statement of the
+unit finds the transaction gone and is refused (claiming._Unit._start_query)."""
 from __future__ import annotations
 
 import functools
@@ -28,12 +30,27 @@ _WORDS = re.compile(rb"(?i)\b(commit|rollback|end|abort|prepare)\b")
 _PLACEHOLDERS = re.compile(rb"%(\([^)]*\))?[sbt]")
 
 
-@functools.lru_cache(maxsize=1024)
+#: texts up to this size are remembered (an application's statements repeat; a large one, literals and all, is
+#: parsed each time rather than kept alive by the cache)
+_CACHED = 4096
+
+
 def ends_transaction(text: bytes) -> bool:
-    """Whether the SQL text holds a statement that ends the transaction it runs in. Text the parser cannot read
-    is the server's to refuse (False)."""
+    """Whether the SQL text holds a statement that ends the transaction it runs in."""
     if not _WORDS.search(text):
         return False
+    if len(text) > _CACHED:
+        return _ends(text)
+    return _ends_cached(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _ends_cached(text: bytes) -> bool:
+    return _ends(text)
+
+
+def _ends(text: bytes) -> bool:
+    """Text the parser cannot read is the server's to refuse (False)."""
     try:
         stmts = parse_sql(_PLACEHOLDERS.sub(b"NULL", text).decode("utf-8", "replace"))
     except Exception:  # noqa: BLE001 - pglast's ParseError, or a syntax newer than it: the server decides
