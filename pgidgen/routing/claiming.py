@@ -91,11 +91,7 @@ class ClaimingCursor(psycopg.Cursor[Any]):
             with conn.lock:
                 conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
         except BaseException as ex:
-            if not conn.claim_sent:  # refused before anything left (its parameters): the claim goes with the next one
-                conn.pending_claim = claim
-            if isinstance(ex, e._NO_TRACEBACK):
-                raise ex.with_traceback(None)
-            raise
+            raise _failed_first(conn, claim, ex)
         return self
 
     def copy(self, statement: Any, params: Any = None, *, writer: Any = None) -> Any:
@@ -103,6 +99,14 @@ class ClaimingCursor(psycopg.Cursor[Any]):
         if getattr(self._conn, "in_unit", False):
             refuse_ending(self._conn, statement)
         return super().copy(statement, params, writer=writer)
+
+
+def _failed_first(conn: Any, claim: Claim, ex: BaseException) -> BaseException:
+    """What to raise when a unit's first statement failed: the claim goes with the next statement if nothing left
+    (psycopg refused the statement's parameters before sending), and psycopg's errors without the traceback."""
+    if not conn.claim_sent:
+        conn.pending_claim = claim
+    return ex.with_traceback(None) if isinstance(ex, e._NO_TRACEBACK) else ex
 
 
 def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepare: bool | None, binary: bool | None,
@@ -317,11 +321,7 @@ class AsyncClaimingCursor(psycopg.AsyncCursor[Any]):
             async with conn.lock:
                 await conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
         except BaseException as ex:
-            if not conn.claim_sent:  # refused before anything left (its parameters): the claim goes with the next one
-                conn.pending_claim = claim
-            if isinstance(ex, e._NO_TRACEBACK):
-                raise ex.with_traceback(None)
-            raise
+            raise _failed_first(conn, claim, ex)
         return self
 
     def copy(self, statement: Any, params: Any = None, *, writer: Any = None) -> Any:
