@@ -131,27 +131,24 @@ class AsyncRouter:
 
     async def run(self, shard: int, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *, read_only: bool = False) -> T:
         """As Router.run: await work(conn) in a claimed transaction, again on the shard's new database after a move."""
-        deadline = time.monotonic() + self.retry_for
-        delay = 0.005
-        while True:
-            try:
-                async with self.transaction(shard, read_only=read_only) as conn:
-                    return await work(conn)
-            except (ShardMovedError, ShardUnavailableError) as e:
-                wait, delay = await asyncio.to_thread(next_try, self.units, shard, e, deadline, delay)
-                if wait:
-                    await asyncio.sleep(wait)
+        return await self._retried(shard, work, read_only, False)
 
     async def execute(self, shard: int, query: Any, params: Any = None, *, read_only: bool = False) -> list[Any]:
         """As Router.execute: one statement as a unit of work of its own, its commit sent with it; its rows."""
+        async def one(conn: psycopg.AsyncConnection[Any]) -> list[Any]:
+            cur = conn.cursor()
+            await cur.execute(query, params)
+            return await cur.fetchall() if cur.description is not None else []
+
+        return await self._retried(shard, one, read_only, True)
+
+    async def _retried(self, shard: int, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], read_only: bool, with_commit: bool) -> T:
         deadline = time.monotonic() + self.retry_for
         delay = 0.005
         while True:
             try:
-                async with self._unit(shard, read_only, True) as conn:
-                    cur = conn.cursor()
-                    await cur.execute(query, params)
-                    return await cur.fetchall() if cur.description is not None else []
+                async with self._unit(shard, read_only, with_commit) as conn:
+                    return await work(conn)
             except (ShardMovedError, ShardUnavailableError) as e:
                 wait, delay = await asyncio.to_thread(next_try, self.units, shard, e, deadline, delay)
                 if wait:

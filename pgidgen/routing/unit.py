@@ -54,19 +54,14 @@ class Units:
         return UnitOfWork(self, shard, read_only)
 
     def execute(self, shard: int, query: Any, params: Any = None, *, read_only: bool = False) -> list[Any]:
-        """One statement as a unit of work of its own, retried like run(); its rows (none: [])."""
-        deadline = time.monotonic() + self.retry_for
-        delay = 0.005
-        while True:
-            try:
-                with UnitOfWork(self, shard, read_only, with_commit=True) as conn:
-                    cur = conn.cursor()
-                    cur.execute(query, params)
-                    return cur.fetchall() if cur.description is not None else []
-            except (ShardMovedError, ShardUnavailableError) as e:
-                wait, delay = next_try(self, shard, e, deadline, delay)
-                if wait:
-                    time.sleep(wait)
+        """One statement as a unit of work of its own (its COMMIT sent with it), retried like run(); its rows
+        (none: [])."""
+        def one(conn: psycopg.Connection[Any]) -> list[Any]:
+            cur = conn.cursor()
+            cur.execute(query, params)
+            return cur.fetchall() if cur.description is not None else []
+
+        return self.run(shard, one, read_only=read_only, with_commit=True)
 
     def _failed(self, conn: Any, route: Route, e: BaseException, committing: bool) -> PgidgenError | None:
         """After e ended a unit of work on conn: roll back what is left, and the error to raise instead of e
@@ -95,12 +90,12 @@ class Units:
             claim = self._claims[key] = Claim(shard, self.search_path_for(shard), read_only)
         return claim
 
-    def run(self, shard: int, work: Callable[[psycopg.Connection[Any]], T], *, read_only: bool = False) -> T:
+    def run(self, shard: int, work: Callable[[psycopg.Connection[Any]], T], *, read_only: bool = False, with_commit: bool = False) -> T:
         deadline = time.monotonic() + self.retry_for
         delay = 0.005
         while True:
             try:
-                with UnitOfWork(self, shard, read_only) as conn:
+                with UnitOfWork(self, shard, read_only, with_commit) as conn:
                     return work(conn)
             except (ShardMovedError, ShardUnavailableError) as e:
                 wait, delay = next_try(self, shard, e, deadline, delay)
