@@ -287,12 +287,12 @@ def test_a_database_without_claim_shard_is_named_and_the_connection_recovers(sha
 
 
 @pytest.mark.parametrize("way", ["COMMIT; INSERT first", "COMMIT; INSERT later", "END, commented", "COMMIT AND CHAIN", "ROLLBACK",
-                                 "PREPARE TRANSACTION", "executemany COMMIT, then INSERT"])
+                                 "PREPARE TRANSACTION", "executemany COMMIT", "libpq's COMMIT, then INSERT"])
 def test_a_unit_cannot_end_its_transaction_and_go_on_unclaimed(router: Router, sharded: Config, way: str) -> None:
     """The connection is autocommit: had a statement of the unit ended its transaction, the statements after it
     would run each on its own, unclaimed (no lock against a flip, perhaps on a database that no longer serves
     the shard). Statements that end it are refused before they are sent (routing/ending.py), and one that got
-    through another way (executemany) leaves the next statement refused; the unit rolls back, nothing of it stays,
+    through another way (libpq's own exec, which nothing of psycopg sees) leaves the next statement refused; the unit rolls back, nothing of it stays,
     and the connection's next unit claims as ever."""
     unclaimed = "INSERT INTO items (k, note) VALUES (1, 'unclaimed')"
 
@@ -311,13 +311,15 @@ def test_a_unit_cannot_end_its_transaction_and_go_on_unclaimed(router: Router, s
             c.execute("ROLLBACK")
         elif way == "PREPARE TRANSACTION":
             c.execute("PREPARE TRANSACTION 'pgidgen_test'")
-        else:
+        elif way == "executemany COMMIT":
             c.cursor().executemany("COMMIT", [()])
+        else:
+            c.pgconn.exec_(b"COMMIT")
         c.execute("INSERT INTO items (k, note) VALUES (%s, %s)", (1, "unclaimed"))
 
     with pytest.raises(psycopg.ProgrammingError, match="Router unit|unit of work's transaction"):
         router.run(1, work)
-    claimed = 1 if way == "executemany COMMIT, then INSERT" else 0  # executemany's COMMIT went through: the row before it
+    claimed = 1 if way.startswith("libpq") else 0  # libpq's COMMIT went through: the row before it
     with psycopg.connect(sharded.dsn("db1")) as c:
         assert c.execute("SELECT note, count(*) FROM shard_1.items GROUP BY 1").fetchall() == ([("claimed", 1)] if claimed else [])
         assert c.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone() == (0,)

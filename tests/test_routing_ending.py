@@ -23,15 +23,16 @@ def _send(c: Any, way: str) -> Any:
         return psycopg.RawCursor(c).execute("COMMIT; " + UNCLAIMED)
     if way == "copy":
         return c.cursor().copy("COMMIT; " + UNCLAIMED + "; COPY items (k, note) FROM STDIN")
+    if way == "ClientCursor copy":
+        return psycopg.ClientCursor(c).copy("COMMIT; " + UNCLAIMED + "; COPY items (k, note) FROM STDIN")
     if way == "executemany":
         return c.cursor().executemany("COMMIT; " + UNCLAIMED, [()])
+    if way == "executemany COMMIT":  # one statement: the server runs it, and it commits the claimed row
+        return c.cursor().executemany("COMMIT", [()])
     raise AssertionError(way)
 
 
-#: ClientCursor and RawCursor, constructed by the application on the unit's connection, do not go through the
-#: connection's cursor class, and nothing psycopg lets the connection see holds their text: not refused (yet)
-FOREIGN = pytest.mark.xfail(strict=True, reason="a cursor class of the application's own is not checked")
-WAYS = [pytest.param("ClientCursor", marks=FOREIGN), pytest.param("RawCursor", marks=FOREIGN), "copy", "executemany"]
+WAYS = ["ClientCursor", "RawCursor", "copy", "ClientCursor copy", "executemany", "executemany COMMIT"]
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -41,7 +42,7 @@ def test_every_cursor_and_copy_refuse_what_ends_the_unit(router: Router, sharded
     unclaimed, so it is refused before anything is sent."""
     def work(c: psycopg.Connection[Any]) -> None:
         c.execute("INSERT INTO items (k, note) VALUES (1, 'claimed')")
-        if way == "copy":
+        if way.endswith("copy"):
             with _send(c, way) as cp:
                 cp.write_row((1, "copied"))
         else:
@@ -60,6 +61,8 @@ def _asend(c: Any, way: str) -> Any:
         return psycopg.AsyncRawCursor(c).execute("COMMIT; " + UNCLAIMED)
     if way == "executemany":
         return c.cursor().executemany("COMMIT; " + UNCLAIMED, [()])
+    if way == "executemany COMMIT":
+        return c.cursor().executemany("COMMIT", [()])
     raise AssertionError(way)
 
 
@@ -67,8 +70,9 @@ def _asend(c: Any, way: str) -> Any:
 def test_every_async_cursor_and_copy_refuse_what_ends_the_unit(sharded: Config, way: str) -> None:
     async def work(c: psycopg.AsyncConnection[Any]) -> None:
         await c.execute("INSERT INTO items (k, note) VALUES (1, 'claimed')")
-        if way == "copy":
-            async with c.cursor().copy("COMMIT; " + UNCLAIMED + "; COPY items (k, note) FROM STDIN") as cp:
+        if way.endswith("copy"):
+            cursor = psycopg.AsyncClientCursor(c) if way == "ClientCursor copy" else c.cursor()
+            async with cursor.copy("COMMIT; " + UNCLAIMED + "; COPY items (k, note) FROM STDIN") as cp:
                 await cp.write_row((1, "copied"))
         else:
             await _asend(c, way)

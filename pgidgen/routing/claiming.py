@@ -18,7 +18,7 @@ from psycopg import errors as e
 from psycopg import generators, pq, sql
 from psycopg._preparing import Prepare
 
-from .ending import GONE, refuse_ending
+from .ending import GONE, refuse_ending, refuse_sending
 
 IN_UNIT = "commit() and rollback() are not allowed inside a Router unit of work: it commits when the block ends"
 
@@ -289,6 +289,12 @@ class ClaimingConnection(_Unit, psycopg.Connection[Any]):
             with self.lock:
                 self.wait(self._start_query())
 
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        """psycopg's: every statement a cursor sends passes here, that of a cursor class not the connection's too."""
+        if self.in_unit:
+            refuse_sending(self, gen, CHECKED)
+        return super().wait(gen, *args, **kwargs)
+
     @contextmanager
     def transaction(self, savepoint_name: str | None = None, force_rollback: bool = False) -> Iterator[psycopg.Transaction]:
         """Inside a unit of work: a savepoint, after the claim."""
@@ -343,6 +349,12 @@ class AsyncClaimingConnection(_Unit, psycopg.AsyncConnection[Any]):
             async with self.lock:
                 await self.wait(self._start_query())
 
+    async def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        """ClaimingConnection.wait."""
+        if self.in_unit:
+            refuse_sending(self, gen, CHECKED)
+        return await super().wait(gen, *args, **kwargs)
+
     @asynccontextmanager
     async def transaction(self, savepoint_name: str | None = None, force_rollback: bool = False) -> AsyncIterator[psycopg.AsyncTransaction]:
         await self.claim_now()
@@ -358,3 +370,7 @@ class AsyncClaimingConnection(_Unit, psycopg.AsyncConnection[Any]):
         if self.in_unit:
             raise psycopg.ProgrammingError(IN_UNIT)
         await super().rollback()
+
+
+#: the cursor classes whose execute() and copy() look at their text themselves
+CHECKED = (ClaimingCursor, AsyncClaimingCursor)

@@ -3,10 +3,10 @@ after it run unclaimed (on an autocommit connection, each its own transaction), 
 longer serves the shard. conn.commit() and rollback() are refused inside a unit (claiming.py); so are SQL
 statements that end the transaction, found here before they are sent: COMMIT (END, COMMIT AND CHAIN), ROLLBACK
 (ABORT; ROLLBACK TO SAVEPOINT does not end it), PREPARE TRANSACTION, alone or among several in one string, by
-execute() and copy() of the connection's cursors. And should one get through another way (executemany; a
-ClientCursor or RawCursor the application makes itself, which nothing of the connection sees the text of: the
-statements after it in the same string run unclaimed, see tests/test_routing_ending.py), the next statement of the
-unit finds the transaction gone and is refused (claiming._Unit._start_query)."""
+execute() and copy() of the connection's cursors, and by every other way a statement leaves through the
+connection (executemany, stream, a server-side cursor, a ClientCursor or RawCursor the application makes itself:
+refuse_sending). And should one get through still, the next statement of the unit finds the transaction gone and
+is refused (claiming._Unit._start_query)."""
 from __future__ import annotations
 
 import functools
@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 import psycopg
+import psycopg.sql
 from pglast import ast, parse_sql
 from pglast.enums.parsenodes import TransactionStmtKind as Kind
 
@@ -56,6 +57,28 @@ def _ends(text: bytes) -> bool:
     except Exception:  # noqa: BLE001 - pglast's ParseError, or a syntax newer than it: the server decides
         return False
     return any(isinstance(s.stmt, ast.TransactionStmt) and s.stmt.kind in _ENDING for s in stmts)
+
+
+#: psycopg's generators that send a statement given to them: their argument that holds its text
+_SENDING = {"_execute_gen": "query", "_executemany_gen_pipeline": "query", "_executemany_gen_no_pipeline": "query",
+            "_stream_send_gen": "query", "_declare_gen": "query", "_start_copy_gen": "statement"}
+
+
+def refuse_sending(conn: Any, gen: Any, checked: tuple[type, ...]) -> None:
+    """refuse_ending() for the statement psycopg's generator gen is about to send on conn, found among its
+    arguments before it starts (every cursor's execute, executemany, stream and copy hands the connection such a
+    generator to run: Connection.wait). The connection's own cursor classes (checked) have looked at execute()'s
+    and copy()'s text already. Another shape of generator (commit, a later psycopg) is not looked into."""
+    code = getattr(gen, "gi_code", None)
+    name = _SENDING.get(code.co_name) if code is not None else None
+    if name is None or gen.gi_frame is None:
+        return
+    args = gen.gi_frame.f_locals
+    if isinstance(args.get("self"), checked) and code.co_name in ("_execute_gen", "_start_copy_gen"):
+        return
+    query = args.get(name)
+    if isinstance(query, (str, bytes, psycopg.sql.Composable)):
+        refuse_ending(conn, query)
 
 
 def refuse_ending(conn: Any, query: Any) -> None:
