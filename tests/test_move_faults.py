@@ -238,6 +238,44 @@ def test_copy_children_die_with_the_mover(how: str) -> None:
             os.kill(child, signal.SIGKILL)
 
 
+def test_a_mover_killed_as_its_child_starts_leaves_no_child(tmp_path: Path) -> None:
+    """A mover killed after it started a client program but before setpriv had set the child's death signal: the
+    child finds it was orphaned and stops rather than run the program on its own. The window is a millisecond;
+    here setpriv is made to start 0.3 s late (a wrapper that sleeps first) and the parent exits the moment Popen
+    returns, so it falls inside every time. Without the check the program lived on."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from pgidgen.move import transfer
+
+    if transfer._SETPRIV is None:
+        pytest.skip("setpriv is not installed")
+    slow = tmp_path / "slow-setpriv"
+    slow.write_text(f"#!/bin/sh\nsleep 0.3\nexec {shutil.which('setpriv')} \"$@\"\n")
+    slow.chmod(0o755)
+    script = (
+        "import os, subprocess\n"
+        "from pgidgen.move import transfer\n"
+        f"transfer._SETPRIV = {str(slow)!r}\n"
+        "p = transfer._spawn(['sleep', '60'], dies_with_parent=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "os.write(1, b'%d\\n' % p.pid)\n"
+        "os._exit(0)\n"
+    )
+    child = int(subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, check=True).stdout)
+    try:
+        time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while alive(child) and comm(child) != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # had it run the program, it would be sleeping now
+        assert not alive(child), comm(child)
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
 def comm(pid: int) -> str:
     """The program a process runs now (Linux's /proc)."""
     try:

@@ -142,6 +142,9 @@ OWN_GROUP: dict[str, Any] = {"start_new_session": True}
 #: without a preexec function by vfork, in about 0.1 ms; with one it must fork this whole process (threads,
 #: connections, the interpreter's memory), 5-10 ms a child, on the copy's critical path.
 _SETPRIV = shutil.which("setpriv")
+#: A parent killed after the fork but before setpriv set the signal (a millisecond) sends none: between the two,
+#: a shell asks whether its parent is still the mover (it was adopted otherwise) and runs the program only then.
+_STILL_OURS = 'if [ "$PPID" != "$0" ]; then exit 1; fi; exec "$@"'
 
 
 @contextmanager
@@ -168,7 +171,7 @@ def _spawn(argv: list[str], *, dies_with_parent: bool, **kwargs: Any) -> subproc
         if not dies_with_parent:
             return subprocess.Popen(argv, **kwargs)
         if _SETPRIV is not None:
-            return subprocess.Popen([_SETPRIV, "--pdeathsig", "KILL", "--", *argv], **kwargs)
+            return subprocess.Popen([_SETPRIV, "--pdeathsig", "KILL", "--", "/bin/sh", "-c", _STILL_OURS, str(os.getpid()), *argv], **kwargs)
         return subprocess.Popen(argv, preexec_fn=die_with_parent, **kwargs)
 
 
