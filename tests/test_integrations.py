@@ -193,3 +193,17 @@ def test_sqlalchemy_refuses_to_claim_a_write_in_autocommit_mode(sharded: Config)
             assert sharding.run(SHARD, lambda s: s.scalar(select(func.count()).select_from(Row)), read_only=True) == 50
         finally:
             sharding.dispose()
+
+
+def test_a_write_in_a_read_only_sqlalchemy_session_is_refused(sharded: Config) -> None:
+    """A read-only session claims without the claim lock, so a write in it would not hold a move's flip off: the
+    transaction is READ ONLY, as Router's read_only units are, and the write is refused, nothing written."""
+    with Router(sharded, listen=False) as router:
+        sharding = Sharding(router)
+        try:
+            with pytest.raises(sqlalchemy.exc.InternalError, match="read-only transaction"):
+                sharding.run(SHARD, add(-4), read_only=True)
+            assert sharding.run(SHARD, lambda s: s.scalar(select(func.count()).select_from(Row)), read_only=True) == 50
+            assert router.shard_of(sharding.run(SHARD, add(-5))) == SHARD  # a write session after it writes
+        finally:
+            sharding.dispose()

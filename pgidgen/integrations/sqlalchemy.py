@@ -120,11 +120,11 @@ class ShardSession(ShardedSession):
             # each statement its own transaction: the claim's lock would end with the claim, before the writes
             raise RoutingError(f"a write session on shard {shard} runs in AUTOCOMMIT mode, where the claim protects nothing",
                                hint="drop isolation_level='AUTOCOMMIT' from the engines of a Sharding (read_only sessions may keep it)")
+        claim = "SELECT pgidgen.claim_shard(%s, %s), pg_catalog.set_config('search_path', %s, true)"
+        if self.read_only:  # no claim lock: a write would not hold a flip off, so none is let through (as Router's)
+            claim += ", pg_catalog.set_config('transaction_read_only', 'on', true)"
         try:
-            connection.exec_driver_sql(
-                "SELECT pgidgen.claim_shard(%s, %s), pg_catalog.set_config('search_path', %s, true)",
-                (shard, not self.read_only, self.router.search_path_for(shard)),
-            )
+            connection.exec_driver_sql(claim, (shard, not self.read_only, self.router.search_path_for(shard)))
         except DBAPIError as e:
             moved = moved_error(self.router, shard, options[DATABASE_OPTION], e)
             if moved is None:
