@@ -43,6 +43,16 @@ class Row(models.Model):
         managed = False
 
 
+class ShardRow(models.Model):  # not sharded: a table of every database's own
+    shard = models.IntegerField(primary_key=True)
+    state = models.TextField()
+
+    class Meta:
+        app_label = "meta"
+        db_table = 'pgidgen"."shards'
+        managed = False
+
+
 def checks() -> None:
     router = get_router()
     assert set(settings.DATABASES) == {"db1", "db2", "db3", "default"}
@@ -74,6 +84,13 @@ def checks() -> None:
     assert run_on_shard(SHARD, lambda: Row.objects.get(id=outer.id).v, read_only=True) == -3
     assert ShardRouter().allow_migrate("db1", "app") is False and ShardRouter().allow_migrate("db1", "auth") is None
     assert ShardRouter().allow_relation(outer, inner) is False and ShardRouter().allow_relation(outer, outer) is True
+    # an unsharded query's server-side cursor (iterator() outside a transaction: WITH HOLD) read in two transactions,
+    # while another client holds the server connection of the first (through a transaction pooler: PgBouncer's LIFO)
+    rows = ShardRow.objects.using("default").order_by("shard").iterator(chunk_size=1)
+    first = next(rows).shard
+    with shard_atomic(SHARD):
+        Row.objects.exists()
+        assert [first, *(r.shard for r in rows)] == [0, 1]
     # a write in a read_only block (claimed without the lock, which holds a move's flip off): refused, as Router's
     try:
         with shard_atomic(SHARD, read_only=True):

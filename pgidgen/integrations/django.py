@@ -40,7 +40,8 @@ _DSN_KEYS = {"dbname": "NAME", "user": "USER", "password": "PASSWORD", "host": "
 def databases(config: Config | None = None, *, default: str | None = None, conn_max_age: int = 60) -> dict[str, dict[str, Any]]:
     """Django's DATABASES: an alias per database of pgidgen.toml, under the same name, with the DSN applications
     use (app_dsn: through a pooler when one is configured), and "default" (a copy of the database named default,
-    else of the first). Persistent connections are fine: a shard block sets search_path for its transaction only."""
+    else of the first). Persistent connections are fine: a shard block sets search_path for its transaction only.
+    Through a transaction pooler (named, or an app_dsn whose pooler is not: the safe side) no server-side cursors."""
     config = config or load_config()
     out: dict[str, dict[str, Any]] = {}
     for name in config.databases:
@@ -51,6 +52,10 @@ def databases(config: Config | None = None, *, default: str | None = None, conn_
             "OPTIONS": {k: v for k, v in params.items() if k not in _DSN_KEYS},
             "CONN_MAX_AGE": conn_max_age,
         }
+        if config.poolers.get(name, "transaction" if name in config.app_dsns else "none") == "transaction":
+            # iterator() outside a transaction keeps a WITH HOLD cursor on the server connection, which the pooler
+            # hands to other clients between transactions (Django's advice for transaction pooling)
+            out[name]["DISABLE_SERVER_SIDE_CURSORS"] = True
     if "default" not in out:
         out["default"] = dict(out[default or config.select(None)[0]])
     return out
