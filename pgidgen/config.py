@@ -49,6 +49,11 @@ class Config:
         for dsn in (*self.databases.values(), *self.app_dsns.values()):
             redact.register(dsn)
 
+    def __repr__(self) -> str:
+        """The dataclass's, scrubbed: a debugger, a traceback's locals (Django's error page) and pytest show it."""
+        fields = ", ".join(f"{f}={getattr(self, f)!r}" for f in self.__dataclass_fields__)
+        return redact.scrub(f"Config({fields})")
+
     def app_dsn(self, name: str) -> str:
         """The connection string for applications: app_dsn when the database names one (a pooler), else the one
         pgidgen's own commands use."""

@@ -26,7 +26,7 @@ settings.configure(
 )
 django.setup()
 
-from django.db import connections, models  # noqa: E402 - after settings
+from django.db import DatabaseError, connections, models  # noqa: E402 - after settings
 
 from movekit import writes_around  # noqa: E402 - beside this file
 from pgidgen.errors import RoutingError  # noqa: E402
@@ -40,6 +40,16 @@ class Row(models.Model):
     class Meta:
         app_label = "app"
         db_table = "t"
+        managed = False
+
+
+class ShardRow(models.Model):  # not sharded: a table of every database's own
+    shard = models.IntegerField(primary_key=True)
+    state = models.TextField()
+
+    class Meta:
+        app_label = "meta"
+        db_table = 'pgidgen"."shards'
         managed = False
 
 
@@ -74,6 +84,30 @@ def checks() -> None:
     assert run_on_shard(SHARD, lambda: Row.objects.get(id=outer.id).v, read_only=True) == -3
     assert ShardRouter().allow_migrate("db1", "app") is False and ShardRouter().allow_migrate("db1", "auth") is None
     assert ShardRouter().allow_relation(outer, inner) is False and ShardRouter().allow_relation(outer, outer) is True
+    # an unsharded query's server-side cursor (iterator() outside a transaction: WITH HOLD) read in two transactions,
+    # while another client holds the server connection of the first (through a transaction pooler: PgBouncer's LIFO)
+    rows = ShardRow.objects.using("default").order_by("shard").iterator(chunk_size=1)
+    first = next(rows).shard
+    with shard_atomic(SHARD):
+        Row.objects.exists()
+        assert [first, *(r.shard for r in rows)] == [0, 1]
+    # a write in a read_only block (claimed without the lock, which holds a move's flip off): refused, as Router's
+    try:
+        with shard_atomic(SHARD, read_only=True):
+            Row.objects.create(v=-4)
+    except DatabaseError as e:
+        assert "read-only transaction" in str(e), e
+    else:
+        raise AssertionError("a write in a read_only block was let through")
+    # nested in a writable transaction, which must stay writable after it: the block claims with the lock
+    with shard_atomic(OTHER) as alias, shard_atomic(SHARD, read_only=True), connections[alias].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()"
+                       " AND classid = 1885825380 AND objid::bigint = 4294967296 - 1073741824 - %s", [SHARD])
+        assert cursor.fetchone() == (1,), "a read_only block in a writable transaction claimed without the lock"
+    with shard_atomic(SHARD):  # a read_only block nested in a write block leaves the outer one writable
+        with shard_atomic(OTHER, read_only=True):
+            Row.objects.filter(id=inner.id).exists()
+        Row.objects.filter(id=outer.id).update(v=-3)
     with shard_atomic(OTHER):
         Row.objects.filter(id=inner.id).delete()
     with shard_atomic(SHARD):

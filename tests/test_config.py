@@ -227,3 +227,14 @@ def test_a_database_with_a_pooler_for_the_app(monkeypatch: pytest.MonkeyPatch) -
         with pytest.raises(ConfigError) as err:
             config_from_dict({"databases": {"db9": table}})
         assert err.value.what == message
+
+
+def test_a_configs_repr_shows_no_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    """repr(config) is what a debugger, a traceback's locals (Django's error page, Sentry) and pytest show."""
+    monkeypatch.setenv("PGIDGEN_T_PW", "Zq8s3cretWord")
+    cfg = config_from_dict({"databases": {
+        "db1": "postgresql://u:${PGIDGEN_T_PW}@h1/app",
+        "db2": {"admin_dsn": "host=h2 password=${PGIDGEN_T_PW}", "app_dsn": "postgresql://u:${PGIDGEN_T_PW}@bouncer:6432/db2"},
+    }})
+    assert "Zq8s3cretWord" not in repr(cfg) and "Zq8s3" not in repr(cfg)
+    assert "h1/app" in repr(cfg) and "bouncer:6432/db2" in repr(cfg)

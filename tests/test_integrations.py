@@ -193,3 +193,40 @@ def test_sqlalchemy_refuses_to_claim_a_write_in_autocommit_mode(sharded: Config)
             assert sharding.run(SHARD, lambda s: s.scalar(select(func.count()).select_from(Row)), read_only=True) == 50
         finally:
             sharding.dispose()
+
+
+def test_a_write_in_a_read_only_sqlalchemy_session_is_refused(sharded: Config) -> None:
+    """A read-only session claims without the claim lock, so a write in it would not hold a move's flip off: the
+    transaction is READ ONLY, as Router's read_only units are, and the write is refused, nothing written."""
+    with Router(sharded, listen=False) as router:
+        sharding = Sharding(router)
+        try:
+            with pytest.raises(sqlalchemy.exc.InternalError, match="read-only transaction"):
+                sharding.run(SHARD, add(-4), read_only=True)
+            assert sharding.run(SHARD, lambda s: s.scalar(select(func.count()).select_from(Row)), read_only=True) == 50
+            assert router.shard_of(sharding.run(SHARD, add(-5))) == SHARD  # a write session after it writes
+        finally:
+            sharding.dispose()
+
+
+def test_sqlalchemy_engines_prepare_nothing_through_a_pooler_the_config_does_not_name(sharded: Config, bouncer_root: Path, tmp_path: Path) -> None:
+    """A config whose only connection strings lead to PgBouncer in transaction mode, its mode not said: the Router
+    finds the pooler and prepares nothing; the engines did prepare (after 5 runs of a statement), and the statement
+    was missing once a transaction of that client ran on another server connection."""
+    bouncer = pgbouncer.start(bouncer_root, sharded.databases, mode="transaction")
+    try:
+        path = tmp_path / "app.toml"
+        path.write_text("[databases]\n" + "".join(f'{n} = "{bouncer.dsn(n)}"\n' for n in sharded.databases), encoding="utf-8")
+        with Router.from_config(str(path), listen=False) as router:
+            sharding = Sharding(router, pool_size=1)
+            count = lambda s: s.scalar(select(func.count()).select_from(Row))  # noqa: E731
+            try:
+                for _ in range(8):
+                    assert sharding.run(SHARD, count) == 50
+                with psycopg.connect(bouncer.dsn("db1")) as other:  # takes the server connection the engine's ran on
+                    other.execute("SELECT 1")
+                    assert sharding.run(SHARD, count) == 50  # its transaction on another one
+            finally:
+                sharding.dispose()
+    finally:
+        bouncer.stop()

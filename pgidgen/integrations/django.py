@@ -40,7 +40,8 @@ _DSN_KEYS = {"dbname": "NAME", "user": "USER", "password": "PASSWORD", "host": "
 def databases(config: Config | None = None, *, default: str | None = None, conn_max_age: int = 60) -> dict[str, dict[str, Any]]:
     """Django's DATABASES: an alias per database of pgidgen.toml, under the same name, with the DSN applications
     use (app_dsn: through a pooler when one is configured), and "default" (a copy of the database named default,
-    else of the first). Persistent connections are fine: a shard block sets search_path for its transaction only."""
+    else of the first). Persistent connections are fine: a shard block sets search_path for its transaction only.
+    Through a transaction pooler (named, or an app_dsn whose pooler is not: the safe side) no server-side cursors."""
     config = config or load_config()
     out: dict[str, dict[str, Any]] = {}
     for name in config.databases:
@@ -51,6 +52,10 @@ def databases(config: Config | None = None, *, default: str | None = None, conn_
             "OPTIONS": {k: v for k, v in params.items() if k not in _DSN_KEYS},
             "CONN_MAX_AGE": conn_max_age,
         }
+        if config.poolers.get(name, "transaction" if name in config.app_dsns else "none") == "transaction":
+            # iterator() outside a transaction keeps a WITH HOLD cursor on the server connection, which the pooler
+            # hands to other clients between transactions (Django's advice for transaction pooling)
+            out[name]["DISABLE_SERVER_SIDE_CURSORS"] = True
     if "default" not in out:
         out["default"] = dict(out[default or config.select(None)[0]])
     return out
@@ -76,18 +81,23 @@ def use_router(router: Router | None) -> None:
 def shard_atomic(shard: int, *, read_only: bool = False) -> Iterator[str]:
     """transaction.atomic on the database serving shard (yields its alias), the shard claimed there and its schema
     first on search_path. Raises ShardMovedError (nothing was written) when that database no longer serves the
-    shard: a `with` block cannot be run again, run_on_shard can. read_only: claim without the claim lock."""
+    shard: a `with` block cannot be run again, run_on_shard can. read_only: claim without the claim lock, in a
+    READ ONLY transaction (nested in a writable one: with the lock)."""
     router = get_router()
     alias = router.database_for(shard)
     nested = any(a == alias for _, a in _blocks.get())
+    # read_only claims without the lock, so a write must not get through (as Router's): the transaction is made
+    # READ ONLY, or, in an enclosing one that must stay writable after it, the claim takes the lock if it could write
+    lock = "%s"
+    tail = ", pg_catalog.set_config('transaction_read_only', 'on', true)" if read_only else ""
+    if read_only and connections[alias].in_atomic_block:
+        lock, tail = "%s OR pg_catalog.current_setting('transaction_read_only') = 'off'", ""
+    claim = (f"SELECT pg_catalog.current_setting('search_path'), pgidgen.claim_shard(%s, {lock}),"
+             f" pg_catalog.set_config('search_path', %s, true){tail}")
     try:
         with transaction.atomic(using=alias):
             with connections[alias].cursor() as cursor:
-                cursor.execute(
-                    "SELECT pg_catalog.current_setting('search_path'), pgidgen.claim_shard(%s, %s),"
-                    " pg_catalog.set_config('search_path', %s, true)",
-                    [shard, not read_only, router.search_path_for(shard)],
-                )
+                cursor.execute(claim, [shard, not read_only, router.search_path_for(shard)])
                 outer = cursor.fetchone()[0]
             token = _blocks.set((*_blocks.get(), (shard, alias)))
             try:

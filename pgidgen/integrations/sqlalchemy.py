@@ -23,7 +23,8 @@ from sqlalchemy.orm import Mapper, ORMExecuteState, SessionTransaction
 from ..config import Config
 from ..errors import RoutingError
 from ..idgen import schema_name
-from ..routing import Router
+from ..routing import APPLICATION_NAME, Router
+from ..routing.pools import Policy, policy_for
 from .retrying import moved_error, retry
 
 T = TypeVar("T")
@@ -35,16 +36,25 @@ def create_engines(config: Config, **engine_options: Any) -> dict[str, Engine]:
     """An engine per database of pgidgen.toml, on the DSN applications use (app_dsn: through a pooler when one is
     configured). Through a transaction pooler (or one the config does not name: the safe side) psycopg prepares
     nothing on the server, as the next transaction may run on another server connection, unless the config says
-    the pooler keeps prepared statements per client."""
+    the pooler keeps prepared statements per client. What sits in between is decided as the Router does
+    (pools.policy_for: the pooler the config names, else one probe, on the engine's first connection), so a
+    connection string that leads to a pooler unannounced is found out too."""
     engines = {}
     for name in config.databases:
-        dsn = config.app_dsn(name)
-        pooler = config.poolers.get(name, "transaction" if name in config.app_dsns else "none")
-        prepare = {} if pooler != "transaction" or name in config.pooler_prepares else {"prepare_threshold": None}
-        engines[name] = create_engine(
-            "postgresql+psycopg://", creator=lambda dsn=dsn, prepare=prepare: psycopg.connect(dsn, **prepare), **engine_options
-        )
+        engines[name] = create_engine("postgresql+psycopg://", creator=_connector(config, name), **engine_options)
     return engines
+
+
+def _connector(config: Config, name: str) -> Callable[[], psycopg.Connection[Any]]:
+    dsn = config.app_dsn(name)
+    policies: list[Policy] = []
+
+    def connect() -> psycopg.Connection[Any]:
+        if not policies:
+            policies.append(policy_for(config, name, APPLICATION_NAME))
+        return psycopg.connect(dsn, **({} if policies[0].prepare else {"prepare_threshold": None}))
+
+    return connect
 
 
 class ShardSession(ShardedSession):
@@ -120,11 +130,11 @@ class ShardSession(ShardedSession):
             # each statement its own transaction: the claim's lock would end with the claim, before the writes
             raise RoutingError(f"a write session on shard {shard} runs in AUTOCOMMIT mode, where the claim protects nothing",
                                hint="drop isolation_level='AUTOCOMMIT' from the engines of a Sharding (read_only sessions may keep it)")
+        claim = "SELECT pgidgen.claim_shard(%s, %s), pg_catalog.set_config('search_path', %s, true)"
+        if self.read_only:  # no claim lock: a write would not hold a flip off, so none is let through (as Router's)
+            claim += ", pg_catalog.set_config('transaction_read_only', 'on', true)"
         try:
-            connection.exec_driver_sql(
-                "SELECT pgidgen.claim_shard(%s, %s), pg_catalog.set_config('search_path', %s, true)",
-                (shard, not self.read_only, self.router.search_path_for(shard)),
-            )
+            connection.exec_driver_sql(claim, (shard, not self.read_only, self.router.search_path_for(shard)))
         except DBAPIError as e:
             moved = moved_error(self.router, shard, options[DATABASE_OPTION], e)
             if moved is None:
