@@ -91,3 +91,25 @@ def test_a_stale_async_route_raises_shard_moved_and_writes_nothing_there(sharded
 
     asyncio.run(main())
     assert count(sharded_8.dsn("db3"), "shard_3") == 1
+
+
+def test_shard_for_reads_nothing_on_the_event_loop_when_the_map_is_stale(sharded_8: Config) -> None:
+    """shard_for and shard_of are not coroutines: once a map was read they answer from the shard count (fixed at
+    init), where a stale map (after every move, or every max_age behind a pooler) made them read the catalogs of
+    every database on the event loop, blocking every other task."""
+    async def main() -> None:
+        async with AsyncRouter(sharded_8, listen=False) as router:
+            await router.routing_map()
+            loads = router.stats["map_loads"]
+            router.invalidate()
+            assert router.shard_for(11) == 3 and router.shard_of(await router.run(3, lambda c: _id(c))) == 3
+            assert router.stats["map_loads"] == loads + 1  # the unit of work re-read it, off the event loop
+            router.invalidate()
+            assert router.shard_for(12) == 4
+            assert router.stats["map_loads"] == loads + 1
+
+    asyncio.run(main())
+
+
+async def _id(conn: psycopg.AsyncConnection[Any]) -> int:
+    return (await (await conn.execute("INSERT INTO items (k) VALUES (3) RETURNING id")).fetchone())[0]  # type: ignore[index]

@@ -264,6 +264,12 @@ class MapCache:
         finally:
             self._lock.release()
 
+    def shard_count(self) -> int:
+        """The number of shards: fixed at init, so any snapshot's (no re-read, no I/O once one was read; the
+        AsyncRouter's shard_for runs on the event loop)."""
+        m = self._map
+        return (m if m is not None else self.get()).shard_count
+
     def peek(self) -> RoutingMap | None:
         """The snapshot when it needs no reading first (what get() returns without I/O), else None."""
         m = self._map

@@ -88,7 +88,7 @@ class Router:
 
     @property
     def shard_count(self) -> int:
-        return self.maps.get().shard_count
+        return self.maps.shard_count()
 
     def shard_for(self, key: Any) -> int:
         """The shard a key belongs to: shard_key(key, shard_count), modulo by default."""
