@@ -219,6 +219,8 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
         if isinstance(r, PgidgenError):
             click.echo(f"shards {collapse(shards)}: FAILED: {scrub(r.render())}", err=True)
             return
+        if r.verification is not None and not r.verification.ok:
+            click.echo(f"shards {collapse(shards)}: verification MISMATCH: " + "; ".join(t.describe() for t in r.verification.mismatches()), err=True)
         tally["shards"] += len(shards)
         tally["bytes"] += r.bytes_copied
         elapsed = time.monotonic() - t0
@@ -243,6 +245,9 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
         failed = f", {len(result.failures)} failed" if result.failures else ""
         raise click.ClickException(f"rebalance interrupted: {moved} shards moved{failed}, the batches in flight finished and no other started;"
                                    " run 'pgidgen rebalance' again to continue")
+    if result.differ and not result.failures:
+        raise click.ClickException(f"the verification of shard{'s' if len(result.differ) > 1 else ''} {collapse(result.differ)} found differences"
+                                   f" (see above): the source copies stay read-only for repair; investigate with 'pgidgen move-shard {result.differ[0]} --verify'")
     if not result.ok:
         done = len(result.plan.moves) - len(result.failures)
         raise click.ClickException(f"{len(result.failures)} of {len(result.plan.moves)} moves failed"

@@ -25,8 +25,8 @@ def expand(text: str) -> list[int]:
         part = part.strip()
         if not part:
             continue
-        lo, _, hi = part.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
+        lo, dash, hi = part.partition("-")
+        if not lo.isdecimal() or (dash and not hi.isdecimal()):
             raise InputError(f"{part!r} is not a shard number or range", hint="write shards like 0-99,120")
         a, b = int(lo), int(hi) if hi else int(lo)
         if b < a:

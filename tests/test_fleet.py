@@ -7,16 +7,17 @@ import re
 from pathlib import Path
 
 import psycopg
+import pytest
 from click.testing import CliRunner, Result
 from movekit import leftovers
-from moveshards import no_bytes, quick_subscription_start, setup_shards  # noqa: F401 - the fixture applies here too
+from moveshards import Crash, crash_at, no_bytes, quick_subscription_start, setup_shards  # noqa: F401 - the fixture applies here too
 
 from pgidgen.cli import main
 from pgidgen.config import Config
 from pgidgen.init import init
-from pgidgen.move import move_shard
+from pgidgen.move import MoveOptions, move_shard
 from pgidgen.move.balance import FLOOR, spread_bytes
-from pgidgen.move.rebalance import plan_rebalance, spread
+from pgidgen.move.rebalance import plan_rebalance, rebalance, spread
 from pgidgen.shardmap import read_map
 
 
@@ -92,6 +93,24 @@ def test_rebalance_drop_source_leaves_no_retired_copy(config: Config, config_fil
     m = read_map(config)
     assert m.ok and {n: len(s) for n, s in m.databases.items()} == {"db1": 3, "db2": 3, "db3": 2}
     assert all(not v for v in m.retired.values()), m.retired
+    assert leftovers(config.databases) == []
+
+
+def test_drop_source_keeps_a_copy_its_resumed_verification_found_different(config: Config, config_file: Path) -> None:
+    """A rebalance stopped before its verification is finished by the next `rebalance --drop-source`; a row the
+    target lost since the flip makes the resumed verification differ: the source copy stays (it is what the
+    difference is checked against) and the exit code says so (found by a review: the copy was dropped, exit 0)."""
+    setup_shards(config, rows=20)
+    with pytest.raises(Crash):
+        rebalance(config, ["db1", "db3"], parallel=1, by="count", options=MoveOptions(drop_source=True), hook=crash_at("verify"))
+    copies = retired_rows(config.dsn("db1"))
+    assert sorted(copies) == [2, 3]
+    with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
+        c.execute("DELETE FROM shard_3.t WHERE v = 1")
+    res = cli(config_file, "rebalance", "--by", "count", "--databases", "db1,db3", "--drop-source")
+    assert res.exit_code == 1, res.output
+    assert "verification" in res.output and "shard_3.t" in res.output, res.output
+    assert retired_rows(config.dsn("db1")) == copies
     assert leftovers(config.databases) == []
 
 

@@ -269,3 +269,16 @@ def test_dry_run_of_a_set_prints_its_batches_and_changes_nothing(config: Config,
     res = runner.invoke(main, ["--config", str(config_file), "move-shard", "2-5", "db3"])
     assert res.exit_code == 1 and "the shards of one move must be in one database: 2, 3 in db1; 4, 5 in db2" in res.output, res.output
     assert replication_objects_made(config.dsn("db1")) == 0
+
+
+def test_a_malformed_set_of_shards_is_refused(config: Config, config_file: Path) -> None:
+    """'2-' (a range cut short, e.g. by an empty shell variable) moved shard 2 alone, and '1-²' ended in a
+    traceback (found by a review): both are refused, nothing moves."""
+    setup_shards(config, rows=10)
+    runner = CliRunner()
+    for text in ("2-", "1-²", "²"):
+        res = runner.invoke(main, ["--config", str(config_file), "move-shard", text, "db3"])
+        assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (text, res.output, res.exception)
+        assert f"Error: {text!r} is not a shard number or range" in res.output, (text, res.output)
+    assert state_of(config.dsn("db1"), 2) == ("active", "shard_2") and state_of(config.dsn("db3"), 2) is None
+    assert leftovers(config.databases) == [] and replication_objects_made(config.dsn("db1")) == 0

@@ -473,7 +473,10 @@ class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateSte
         self.report.skew_ms = d.get("skew_ms")
         if resumed:
             self.report.notes.append(f"resumed move {self.rec.move_id}")
-        if self.opts.drop_source:
+        if self.opts.drop_source and self.verification is not None and not self.verification.ok:
+            # a resumed verification that differs does not stop the move: the copy it compared against stays
+            self.report.notes.append(f"kept the source {'copy' if len(self.ctxs) == 1 else 'copies'} on {self.ctx.source}: the verification found differences")
+        elif self.opts.drop_source:
             self._drop_sources()
         return self.report
 

@@ -133,8 +133,13 @@ class RebalanceResult:
     failures: list[tuple[PlannedMove, str]] = field(default_factory=list)
 
     @property
+    def differ(self) -> list[int]:
+        """Shards moved whose verification found differences (a resumed move's: no error stops it)."""
+        return sorted(s for r in self.reports if r.verification is not None and not r.verification.ok for s in r.shards)
+
+    @property
     def ok(self) -> bool:
-        return not self.failures
+        return not self.failures and not self.differ
 
     def as_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.as_dict(), "moves": [r.as_dict() for r in self.reports],
