@@ -19,6 +19,11 @@ def collapse(shards: Iterable[int]) -> str:
     return ",".join(parts)
 
 
+#: more shards than a set can name: the list is built before any database is asked which shards exist, and
+#: `0-9999999999` (a typo) would fill memory first
+MAX_SHARDS = 1 << 20
+
+
 def expand(text: str) -> list[int]:
     out: list[int] = []
     for part in text.split(","):
@@ -31,5 +36,7 @@ def expand(text: str) -> list[int]:
         a, b = int(lo), int(hi) if hi else int(lo)
         if b < a:
             raise InputError(f"range {part} runs backwards", hint="write the smaller number first")
+        if b - a + 1 + len(out) > MAX_SHARDS:
+            raise InputError(f"{text!r} names more than {MAX_SHARDS} shards", hint="name the shards that exist: see 'pgidgen map'")
         out.extend(range(a, b + 1))
     return out
