@@ -41,10 +41,11 @@ class Claim:
     statement of the connection (it has the attributes of psycopg's PostgresQuery the cache reads): the server
     then neither parses nor plans it again, which is most of what the claim costs."""
 
-    __slots__ = ("text", "query", "params", "types", "formats")
+    __slots__ = ("text", "query", "params", "types", "formats", "name")
 
     def __init__(self, shard: int, search_path: str, read_only: bool) -> None:
         template = _CLAIM_READ if read_only else _CLAIM_WRITE
+        self.name = b"_pgidgen_claim_r" if read_only else b"_pgidgen_claim_w"  # one text per kind: the shard is $1
         self.text = sql.SQL(template).format(shard=sql.Literal(shard), path=sql.Literal(search_path)).as_string(None).encode("utf-8")
         self.query = template.format(shard="$1", path="$2").encode("utf-8")
         self.params: list[bytes | None] = [str(shard).encode("ascii"), search_path.encode("utf-8")]
@@ -53,20 +54,20 @@ class Claim:
 
 
 class Command:
-    """A statement without parameters (BEGIN) in the shape psycopg's statement cache reads, so that the cache
-    prepares it like the claim: the server then skips its Parse on every unit of work (measured: 5 us of a
-    unit's 55 on one shared CPU)."""
+    """A statement without parameters (BEGIN), prepared like the claim: the server then skips its Parse on every
+    unit of work (measured: 5 us of a unit's 55 on one shared CPU)."""
 
-    __slots__ = ("query", "params", "types", "formats")
+    __slots__ = ("query", "params", "types", "formats", "name")
 
-    def __init__(self, query: bytes) -> None:
+    def __init__(self, query: bytes, name: bytes) -> None:
         self.query = query
         self.params: list[bytes | None] | None = None
         self.types: tuple[int, ...] = ()
         self.formats = None
+        self.name = name
 
 
-BEGIN = Command(b"BEGIN")
+BEGIN = Command(b"BEGIN", b"_pgidgen_begin")
 
 
 def _fast_path_available() -> bool:
@@ -138,6 +139,8 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         discard = getattr(self._conn._prepared, "_should_discard", None)  # where psycopg has it (else: the retry below)
         if discard is not None:
             discard(Prepare.NO, results)  # DEALLOCATE ALL, ROLLBACK, DROP, ALTER: what the server forgot or may plan anew
+        if any(res.command_status == b"DEALLOCATE ALL" for res in results[2:]):
+            self._conn.own_prepared.clear()  # BEGIN's and the claims' go too (by name: the retry below)
         head, results = results[:2], results[2:]
         _raise_first(head, pgconn)
         self._check_results(results)
@@ -154,28 +157,26 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         # last words (an error it files as a notice) in one, and sees the end of the stream only in the next.
         pgconn.consume_input()
         pgconn.consume_input()
-    prepared = self._conn._prepared
-    bprep, bname = prepared.get(BEGIN, True)  # type: ignore[arg-type]
-    cprep, cname = prepared.get(claim, True)  # type: ignore[arg-type]
+    conn = self._conn
+    prepared = conn._prepared
+    own = conn.own_prepared if prepared.prepare_threshold is not None else None  # None: the connection prepares nothing
     prep, name = prepared.get(pgq, prepare)
-    self._conn.claim_sent = True  # from here on the claim may have left (the caller puts it back if not)
+    conn.claim_sent = True  # from here on the claim may have left (the caller puts it back if not)
     pgconn.enter_pipeline_mode()
     done = False
     try:
-        bkey = _send(pgconn, prepared, BEGIN, bprep, bname, pq.Format.TEXT)
-        ckey = _send(pgconn, prepared, claim, cprep, cname, pq.Format.TEXT)
+        bnew = _send_own(pgconn, own, BEGIN)
+        cnew = _send_own(pgconn, own, claim)
         key = _send(pgconn, prepared, pgq, prep, name, fmt)
         if with_commit:  # not prepared: a COMMIT the server lost would fail after the statement ran
             pgconn.send_query_params(b"COMMIT", None)
         pgconn.pipeline_sync()
-        self._conn.commit_sent = with_commit
+        conn.commit_sent = with_commit
         yield from generators.send(pgconn)
-        head = []
-        if bprep is Prepare.SHOULD:
-            head += yield from generators.fetch_many(pgconn)
+        head = (yield from generators.fetch_many(pgconn)) if bnew else []
         began = yield from generators.fetch_many(pgconn)  # BEGIN
         head += began
-        if cprep is Prepare.SHOULD:
+        if cnew:
             head += yield from generators.fetch_many(pgconn)
         claimed = yield from generators.fetch_many(pgconn)
         head += claimed
@@ -193,23 +194,27 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         except psycopg.Error:
             if done:
                 raise
-    if bkey is not None:
-        prepared.validate(bkey, bprep, bname, began)
-    if ckey is not None:
-        prepared.validate(ckey, cprep, cname, claimed)
     if key is not None:
         prepared.validate(key, prep, name, results)
     discard = getattr(prepared, "_should_discard", None)
     if discard is not None:  # as after the simple query: a DEALLOCATE ALL psycopg's cache saw before
         discard(Prepare.NO, results)
-    if Prepare.SHOULD in (prep, cprep, bprep) and any(res.status == pq.ExecStatus.FATAL_ERROR for res in head):
-        prepared.clear()  # a statement may not have been prepared after all: start over
-    lost = (began and began[0].error_field(DIAG_SQLSTATE) == LOST_STATEMENT) or (claimed and claimed[0].error_field(DIAG_SQLSTATE) == LOST_STATEMENT)
-    if again and Prepare.YES in (bprep, cprep) and lost:
-        yield from self._conn._exec_command(b"ROLLBACK")
+    failed = not claimed or claimed[-1].status != pq.ExecStatus.TUPLES_OK  # (aborted, after an error before it)
+    if failed and prep is Prepare.SHOULD:
+        prepared.clear()  # the statement's Parse was aborted with the rest, where psycopg's cache counts it prepared
+    if own is not None and not failed:
+        if bnew:
+            own.add(BEGIN.name)
+        if cnew:
+            own.add(claim.name)
+    if failed and again and own is not None and _lost(head):
+        # the server has not got a statement this connection prepared (an application's DEALLOCATE in an
+        # earlier unit), or has one it was to prepare: nothing ran after it. Start over once, both sides cleared
+        yield from conn._exec_command(b"ROLLBACK")
         prepared.clear()
-        yield from prepared.maintain_gen(self._conn)  # DEALLOCATE ALL, before the claim is prepared again
-        self._conn.claim_sent = False  # rolled back: the claim leaves again, with the statement
+        yield from prepared.maintain_gen(conn)  # psycopg's DEALLOCATE ALL, if its cache held any
+        yield from conn._deallocate_all()  # and ours, whatever the server holds
+        conn.claim_sent = False  # rolled back: the claim leaves again, with the statement
         return (yield from claimed_execute_gen(self, query, params, claim, prepare, binary, again=False, with_commit=with_commit))
     _raise_first(head, pgconn)
     self._check_results(results)
@@ -217,6 +222,28 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
     self._set_results(results)
     self._last_query = query
     yield from prepared.maintain_gen(self._conn)
+
+
+def _send_own(pgconn: Any, own: set[bytes] | None, q: Claim | Command) -> bool:
+    """Queue BEGIN or a claim in the pipeline, by the name of its own this connection prepares it under (psycopg's
+    cache would spend a microsecond a statement keeping count of it); whether a Parse went with it."""
+    if own is None:
+        pgconn.send_query_params(q.query, q.params, param_types=q.types)
+        return False
+    if q.name in own:
+        pgconn.send_query_prepared(q.name, q.params)
+        return False
+    pgconn.send_prepare(q.name, q.query, param_types=q.types)
+    pgconn.send_query_prepared(q.name, q.params)
+    return True
+
+
+#: the server has no such prepared statement, or has one by that name already
+_LOST = frozenset({LOST_STATEMENT, b"42P05"})
+
+
+def _lost(head: list[Any]) -> bool:
+    return any(res.status == pq.ExecStatus.FATAL_ERROR and res.error_field(DIAG_SQLSTATE) in _LOST for res in head)
 
 
 def _send(pgconn: Any, prepared: Any, q: Any, prep: Prepare, name: bytes, fmt: pq.Format) -> Any:
@@ -249,6 +276,19 @@ class _Unit:
     with_commit = False
     #: a COMMIT left with the statement (Router.execute): broken after that, the write may have been committed
     commit_sent = False
+
+    #: BEGIN's and the claims' statement names this connection prepared on the server (its own, apart from
+    #: psycopg's cache; set per connection in __init__)
+    own_prepared: set[bytes]
+
+    def _deallocate(self, name: bytes | None) -> Any:  # psycopg's generator for DEALLOCATE (3.2+)
+        if name is None:  # DEALLOCATE ALL: ours go too
+            self.own_prepared.clear()
+        return (yield from super()._deallocate(name))  # type: ignore[misc]
+
+    def _deallocate_all(self) -> Any:
+        self.own_prepared.clear()
+        yield from self._exec_command(b"DEALLOCATE ALL")  # type: ignore[attr-defined]
 
     def begin_unit(self, claim: Claim, with_commit: bool = False) -> None:
         self.pending_claim = claim
@@ -283,6 +323,7 @@ class ClaimingConnection(_Unit, psycopg.Connection[Any]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cursor_factory = ClaimingCursor
+        self.own_prepared = set()
 
     def claim_now(self) -> None:
         if self.pending_claim is not None:
@@ -343,6 +384,7 @@ class AsyncClaimingConnection(_Unit, psycopg.AsyncConnection[Any]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cursor_factory = AsyncClaimingCursor
+        self.own_prepared = set()
 
     async def claim_now(self) -> None:
         if self.pending_claim is not None:

@@ -81,8 +81,20 @@ def refuse_sending(conn: Any, gen: Any, checked: tuple[type, ...]) -> None:
         refuse_ending(conn, query)
 
 
+@functools.lru_cache(maxsize=1024)
+def _str_ends(text: str) -> bool:
+    """ends_transaction of a str of at most _CACHED characters: an application's statements are the same str
+    objects again and again, whose hash Python keeps, so the answer is a lookup (0.1 us, where encoding and
+    searching take 0.6). At most 1024 texts of 4 kB: 4 MB."""
+    return ends_transaction(text.encode("utf-8"))
+
+
 def refuse_ending(conn: Any, query: Any) -> None:
     """Raise psycopg's ProgrammingError if query (str, bytes or psycopg.sql) would end conn's unit of work."""
+    if type(query) is str and len(query) <= _CACHED:
+        if _str_ends(query):
+            raise psycopg.ProgrammingError(ENDED)
+        return
     if isinstance(query, str):
         text = query.encode("utf-8")
     elif isinstance(query, bytes):
