@@ -22,6 +22,7 @@ def psql_cmd(ctx: click.Context, database: str, args: tuple[str, ...]) -> None:
     from .pgbin import newest_client
 
     config = get_config(ctx)
+    config.select(None)  # none at all: say how to add one
     if database not in config.databases:
         raise ConfigError(f"no database {database!r} in the config", hint=f"use one of {', '.join(config.databases)}")
     from urllib.parse import unquote

@@ -32,3 +32,11 @@ def test_a_connection_string_libpq_misreads_shows_no_part_of_its_password(tmp_pa
                            timeout=60, env={**os.environ, "DB1": dsn})
         assert r.returncode == 1 and "SECRET" not in r.stdout + r.stderr, r.stderr
         assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1 and "--traceback" not in r.stderr, r.stderr
+
+
+def test_psql_with_no_databases_configured_says_what_to_do(tmp_path: Path) -> None:
+    path = tmp_path / "pgidgen.toml"
+    path.write_text("[layout]\n")
+    r = subprocess.run([*PGIDGEN, "--config", str(path), "psql", "db1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr == (f"Error: no databases are configured ({path}): add a [databases] section, or run"
+                                              " 'pgidgen sandbox up' for local throwaway servers\n"), r.stderr
