@@ -135,6 +135,7 @@ def server_findings(name: str, facts: Facts, *, clients: bool = True) -> list[Fi
     out: list[Finding] = []
     add = out.append
     v, role = facts.major, facts.role
+    qrole, qdb = quoted(role), quoted(facts.dbname)  # in the SQL a hint suggests: App_x or "my db" as written
     supported = pgbin.SUPPORTED
     if v in supported:
         add(Finding(name, "version", True, f"PostgreSQL {v}"))
@@ -153,7 +154,7 @@ def server_findings(name: str, facts: Facts, *, clients: bool = True) -> list[Fi
         add(Finding(name, "init", True, f"role {role} may create schemas in {facts.dbname}" + (" (superuser)" if facts.superuser else "")))
     else:
         add(Finding(name, "init", False, f"role {role} may not create schemas in database {facts.dbname}",
-                    f"GRANT CREATE ON DATABASE {facts.dbname} TO {role} (or make {role} the database's owner)", stops="init"))
+                    f"GRANT CREATE ON DATABASE {qdb} TO {qrole} (or make {role} the database's owner)", stops="init"))
     # an online move out of this database
     if facts.wal_level == "logical":
         add(Finding(name, "wal_level", True, "logical"))
@@ -175,7 +176,7 @@ def server_findings(name: str, facts: Facts, *, clients: bool = True) -> list[Fi
         add(Finding(name, "replication", True, f"role {role} may replicate" + (" (superuser)" if facts.superuser else "")))
     else:
         add(Finding(name, "replication", False, f"role {role} lacks REPLICATION, which an online move out of this database needs",
-                    SERVICE_GRANTS["replication"].format(role=role) + ", or move with --offline", stops="move from"))
+                    SERVICE_GRANTS["replication"].format(role=qrole) + ", or move with --offline", stops="move from"))
     # an online move into this database
     free_workers = facts.max_workers - facts.workers
     add(Finding(name, "workers", free_workers >= WORKERS_PER_MOVE,
@@ -193,8 +194,12 @@ def server_findings(name: str, facts: Facts, *, clients: bool = True) -> list[Fi
     return out
 
 
+def quoted(name: str) -> str:
+    return sql.Identifier(name).as_string()
+
+
 def _subscription_finding(name: str, facts: Facts) -> Finding:
-    role = facts.role
+    role, qrole, qdb = facts.role, quoted(facts.role), quoted(facts.dbname)
     if facts.may_subscribe:
         how = "superuser" if facts.superuser else "member of pg_create_subscription, CREATE on the database"
         return Finding(name, "subscription", True, f"role {role} may create subscriptions ({how})")
@@ -203,11 +208,11 @@ def _subscription_finding(name: str, facts: Facts) -> Finding:
                        f"role {role} is not a superuser: on PostgreSQL {facts.major} only a superuser may CREATE SUBSCRIPTION,"
                        " which an online move into this database needs",
                        "use a superuser's DSN for this database, upgrade it to 16+"
-                       f" (then GRANT pg_create_subscription TO {role}), or move with --offline", stops="move to")
+                       f" (then GRANT pg_create_subscription TO {qrole}), or move with --offline", stops="move to")
     missing = [w for w, ok in (("membership of pg_create_subscription", facts.create_subscription),
                                (f"CREATE on database {facts.dbname}", facts.create_on_db)) if not ok]
-    grants = [g for g, ok in ((f"GRANT pg_create_subscription TO {role}", facts.create_subscription),
-                              (f"GRANT CREATE ON DATABASE {facts.dbname} TO {role}", facts.create_on_db)) if not ok]
+    grants = [g for g, ok in ((f"GRANT pg_create_subscription TO {qrole}", facts.create_subscription),
+                              (f"GRANT CREATE ON DATABASE {qdb} TO {qrole}", facts.create_on_db)) if not ok]
     return Finding(name, "subscription", False,
                    f"role {role} lacks {' and '.join(missing)}, which an online move into this database needs",
                    "; ".join(grants) + ", or move with --offline", stops="move to")

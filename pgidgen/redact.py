@@ -87,6 +87,10 @@ def strip_userinfo(dsn: str) -> str:
 _QUERY_PASSWORD_RE = re.compile(r"[?&]password=([^&#]*)", re.I)
 
 
+#: password=... in a keyword string libpq cannot parse, read widest: up to the next key= or the end
+_WIDE_PASSWORD_RE = re.compile(r"password\s*=\s*(.*?)(?=\s+[A-Za-z_]+\s*=|$)", re.I | re.S)
+
+
 def parses(dsn: str) -> bool:
     try:
         psycopg.conninfo.conninfo_to_dict(dsn)
@@ -114,6 +118,8 @@ def passwords_in(dsn: str) -> list[str]:
             found.append(value.strip("'"))
     if _URI_RE.match(dsn):
         found += [m.group(1) for m in _QUERY_PASSWORD_RE.finditer(unquote(dsn))]
+    elif unparsable:  # password=pa ss/wo'rd: libpq quotes the tokens after the first space ("ss/wo'rd")
+        found += [m.group(1).strip() for m in _WIDE_PASSWORD_RE.finditer(dsn)]
     return [p for p in found if p]
 
 
@@ -129,10 +135,18 @@ def register(dsn: str | None) -> None:
     secrets = set()
     for pw in passwords_in(dsn):
         # too short a password (or part) would be taken out of every word that holds it: those rely on the patterns;
-        # the parts are cut where libpq cuts a misread string (host lists, query keys and values)
-        secrets.update(part for part in [pw, *re.split(r"[\s@/:?#%\\'=&,]+", pw)] if len(part) >= _MIN_PART and not _REF_RE.fullmatch(part))
+        # the parts are cut where libpq cuts a misread string (host lists, query keys and values), at any of those
+        # characters and not at the others (a keyword string's token ends at a space only: "ss/wo'rd")
+        secrets.update(part for part in _pieces(pw) if len(part) >= _MIN_PART and not _REF_RE.fullmatch(part))
     with _lock:
         _known.update(secrets)
+
+
+def _pieces(pw: str) -> list[str]:
+    """pw and every run of it from a start or a special character to a special character or its end."""
+    cuts = [m.span() for m in re.finditer(r"[\s@/:?#%\\'=&,]+", pw)]
+    starts, ends = [0, *(b for _, b in cuts)], [*(a for a, _ in cuts), len(pw)]
+    return [pw, *(pw[i:j] for i in starts for j in ends if j > i)]
 
 
 def scrub(text: str) -> str:

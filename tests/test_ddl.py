@@ -283,6 +283,20 @@ def test_name_option_records_under_that_name(sharded: Config, config_file: Path,
     )
 
 
+def test_a_name_with_a_line_break_is_refused_not_run(sharded: Config, config_file: Path, schema_file: Path, tmp_path: Path) -> None:
+    """The name goes into a -- comment of the SQL run on every shard (and printed by --sql): after a line break the
+    rest of it ran as SQL on every shard."""
+    res = cli(config_file, "apply-ddl", str(schema_file), "--name", "x\nCREATE TABLE injected (i int); --")
+    assert (res.exit_code, res.output) == (1, "Error: --name 'x\\nCREATE TABLE injected (i int); --' holds a line break: give a name on one line, e.g. schema.sql\n")
+    odd = tmp_path / "a\rCREATE TABLE injected (i int); --.sql"
+    odd.write_text(SCHEMA, encoding="utf-8")
+    res = cli(config_file, "apply-ddl", str(odd), "--databases", "db1")
+    assert res.exit_code == 1 and res.output.startswith("Error: the file name 'a\\rCREATE") and res.output.count("\n") == 1, res.output
+    for db in ("db1", "db2", "db3"):
+        assert query(sharded, db, "SELECT count(*) FROM pg_class WHERE relname = 'injected'") == [(0,)]
+        assert query(sharded, db, "SELECT count(*) FROM pgidgen.ddl_files") == [(0,)]
+
+
 def test_waits_for_the_ddl_lock_then_says_who_holds_it(
     sharded: Config, config_file: Path, schema_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

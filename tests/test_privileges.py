@@ -155,13 +155,35 @@ def test_check_names_a_role_without_replication(pg_servers: list[TestServer], tm
         r = o.cli("check")
         assert r.exit_code == 1
         assert (f"db1: FAIL replication: role {o.role} lacks REPLICATION, which an online move out of this database needs:"
-                f" ALTER ROLE {o.role} REPLICATION") in r.output, r.output
+                f' ALTER ROLE "{o.role}" REPLICATION') in r.output, r.output
         r = o.cli("move-shard", "1", "db2")
         assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
         assert f"role {o.role} lacks REPLICATION" in r.output and "(db1)" in r.output, r.output
         assert o.moves() == [], "nothing journaled"
         assert leftovers(o.dsns) == []
         o.assert_password_nowhere()
+    finally:
+        o.close()
+
+
+@pytest.mark.sensitive
+def test_checks_sql_for_a_role_with_capitals_is_quoted_and_works(pg_servers: list[TestServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commands check suggests named the role unquoted: ALTER ROLE App_x REPLICATION folds to app_x (another role,
+    or none)."""
+    import sys
+
+    role, password, dbname = names()
+    monkeypatch.setattr(sys.modules[__name__], "names", lambda: ("App_" + role, password, dbname))
+    o = Owner(_sandboxed(pg_servers[:1]), tmp_path, monkeypatch, Grant(replication=False, create_subscription=False))
+    try:
+        r = o.cli("check", "--no-reach")
+        assert r.exit_code == 1
+        hint = f'ALTER ROLE "{o.role}" REPLICATION'
+        assert f"db1: FAIL replication: role {o.role} lacks REPLICATION, which an online move out of this database needs: {hint}" in r.output, r.output
+        assert f'GRANT pg_create_subscription TO "{o.role}"' in r.output, r.output
+        with psycopg.connect(pg_servers[0].dsn, autocommit=True) as c:
+            c.execute(hint.encode())
+        assert f"db1: ok replication: role {o.role} may replicate" in o.cli("check", "--no-reach").output
     finally:
         o.close()
 
