@@ -225,7 +225,12 @@ def interpolate(value: str, *, name: str, where: str | None) -> str:
             raise ConfigError(f"database {name} uses ${{{var}}}, which is not set", where=where, hint=f"export {var}")
         return os.environ[var]
 
+    refs = _INTERP_RE.findall(value)
     value = _INTERP_RE.sub(sub, value)
+    if not value.strip():  # libpq would take it for "the local default server": not what anyone configured
+        empty = f" (${{{refs[0]}}} is set to an empty string)" if refs else ""
+        raise ConfigError(f"database {name} has an empty connection string{empty}", where=where,
+                          hint=f"give it the database's connection string, e.g. {name} = \"postgresql://user@host:5432/dbname\"")
     redact.register(value)
     return value
 

@@ -21,6 +21,13 @@ def test_missing_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.dsn("db1") == "postgresql://localhost/app"
     with pytest.raises(ConfigError, match=r"database db2 uses \$\{NOPE_DSN\}, which is not set: export NOPE_DSN"):
         cfg.dsn("db2")
+    # set but empty (a CI secret that is not there): libpq would connect to the local default server instead
+    monkeypatch.setenv("NOPE_DSN", "")
+    cfg = config_from_dict({"databases": {"db1": "postgresql://localhost/app", "db2": "${NOPE_DSN}", "db3": " "}})
+    with pytest.raises(ConfigError, match=r"^database db2 has an empty connection string \(\$\{NOPE_DSN\} is set to an empty string\)"):
+        cfg.dsn("db2")
+    with pytest.raises(ConfigError, match=r"^database db3 has an empty connection string: give it"):
+        cfg.dsn("db3")
 
 
 def test_commands_that_do_not_connect_need_no_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
