@@ -100,10 +100,11 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
             raise ConfigError("--dry-run plans a new move", hint=f"drop {modes[0]}")
         if len(shards) > 1:
             batches = move.plan_shards(config, shards, target or "", options=opts)
-            click.echo(f"-- {len(shards)} shards in {len(batches)} batch{'es' if len(batches) > 1 else ''}, each with one slot, publication,"
-                       " subscription, copy and cutover (the steps 'pgidgen move-shard N --dry-run' prints, for all its shards at once):")
+            each = "one copy, its shards' writes paused throughout" if offline else "one slot, publication, subscription, copy and cutover"
+            click.echo(f"-- {len(shards)} shards in {len(batches)} batch{'es' if len(batches) > 1 else ''}, each with {each}"
+                       f" (the steps 'pgidgen move-shard N{' --offline' if offline else ''} --dry-run' prints, for all its shards at once):")
             for b in batches:
-                click.echo(f"-- {b.line()}")
+                click.echo(f"-- {b.line(offline)}")
             return
         for step in move.plan_move(config, shards[0], target or "", options=opts):
             click.echo(f"-- [{step.name}] on {step.database}: {step.what}")

@@ -263,6 +263,12 @@ def test_dry_run_of_a_set_prints_its_batches_and_changes_nothing(config: Config,
     lines = res.output.splitlines()
     assert lines[0].startswith("-- 4 shards in 1 batch, each with one slot, publication, subscription, copy and cutover")
     assert lines[1].startswith("-- shards 0-3 (4): db1 -> db3, estimated write pause ")
+    # offline: no replication objects, and the pause is the whole copy, not a cutover's estimate
+    res = runner.invoke(main, ["--config", str(config_file), "move-shard", "0-3", "db3", "--offline", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0].startswith("-- 4 shards in 1 batch, each with one copy, its shards' writes paused throughout"), lines
+    assert lines[1].startswith("-- shards 0-3 (4): db1 -> db3, writes to them paused for the whole copy, about "), lines
     assert leftovers(config.databases) == [] and replication_objects_made(config.dsn("db1")) == 0
     res = runner.invoke(main, ["--config", str(config_file), "move-shard", "0-3", "--resume"])
     assert res.exit_code == 1 and "Error: --resume takes one shard, not 0-3" in res.output, res.output

@@ -92,9 +92,10 @@ class Batch:
     def shards(self) -> list[int]:
         return [c.shard for c in self.ctxs]
 
-    def line(self) -> str:
+    def line(self, offline: bool = False) -> str:
+        pause = "writes to them paused for the whole copy" if offline else f"estimated write pause {self.pause_s * 1000:.0f} ms"
         return (f"shards {collapse(self.shards)} ({len(self.ctxs)}): {self.ctxs[0].source} -> {self.ctxs[0].target},"
-                f" estimated write pause {self.pause_s * 1000:.0f} ms, about {self.locks} locks")
+                f" {pause}, about {self.locks} locks")
 
 
 def plan_batches(config: Config, ctxs: list[ShardContext], options: MoveOptions) -> tuple[Pacer, list[Batch]]:
