@@ -58,7 +58,7 @@ class _CopyBar(Bar):
 @main.command("move-shard")
 @click.argument("shard", metavar="SHARDS")
 @click.argument("target", required=False, metavar="[TARGET_DB]")
-@click.option("--max-pause", default="1s", show_default=True, metavar="DURATION", help="Longest write pause allowed at the cutover; longer catch-up aborts it.")
+@click.option("--max-pause", default="1s", show_default=True, metavar="DURATION", help="Longest write pause allowed at the cutover; longer catch-up aborts it. --resume keeps the move's own unless given.")
 @click.option("--offline", is_flag=True, help="No logical replication: dump and restore under a write lock (writes pause for the whole copy).")
 @click.option("--dry-run", is_flag=True, help="Print the plan (steps, SQL, locks) after the checks, and change nothing.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted move of SHARD from its journal.")
@@ -142,7 +142,9 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
         if rollback:  # undone whole or not at all by a Ctrl-C: it finishes (a kill leaves it to run again)
             reports = [run_stoppable(lambda _: move.rollback_move(config, shards[0]), on_interrupt=notice)[0]]
         elif resume:  # one batch: a Ctrl-C lets it finish
-            reports = [run_stoppable(lambda _: move.resume_move(config, shards[0], options=opts, progress=bar.show), on_interrupt=notice)[0]]
+            reports = [run_stoppable(lambda _: move.resume_move(config, shards[0], options=opts, progress=bar.show,
+                                                                 journaled_pause=ctx.get_parameter_source("max_pause") != click.core.ParameterSource.COMMANDLINE),
+                                     on_interrupt=notice)[0]]
         else:
             reports = move.move_shards_interruptible(config, shards, target or "", options=opts, progress=bar.show, on_interrupt=notice)
     except move.MovesInterrupted as e:

@@ -282,3 +282,24 @@ def comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+def test_a_resume_keeps_the_max_pause_the_move_was_started_with(config: Config, config_file: Path) -> None:
+    """`--resume` without --max-pause (as the runbook writes it) bounds the write pause by the move's own
+    --max-pause, journaled when it started, not by the default 1s: writers that cannot wait that long would fail."""
+    setup_shards(config, rows=10)
+    with pytest.raises(Crash):
+        move_shard(config, 1, "db3", options=MoveOptions(max_pause=0.2), hook=crash_at("cutover"))
+    held = psycopg.connect(config.dsn("db1"))
+    try:
+        held.execute("INSERT INTO shard_1.t (v) VALUES (-9)")  # a long transaction: the freeze cannot lock the table
+        result = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "1", "--resume"])
+        assert result.exit_code == 1, result.output
+        assert "could not be locked within --max-pause 200 ms" in result.output, result.output
+        result = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "1", "--resume", "--max-pause", "300ms"])
+        assert "could not be locked within --max-pause 300 ms" in result.output, result.output  # a given one still rules
+        held.commit()
+    finally:
+        held.close()
+    assert resume_move(config, 1).status == "done"
+    assert leftovers(config.databases) == []

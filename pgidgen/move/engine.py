@@ -407,12 +407,17 @@ def resume_move(
     options: MoveOptions | None = None,
     progress: Callable[[CopyProgress], None] | None = None,
     hook: Hook | None = None,
+    journaled_pause: bool = False,
 ) -> MoveReport:
-    """Finish an interrupted move (of shard's batch) from the step its journal last started."""
+    """Finish an interrupted move (of shard's batch) from the step its journal last started. journaled_pause: the
+    write pause bounded by the --max-pause the move started with (its journal's), not options' (a --resume that
+    names none must not loosen the bound its writers were promised)."""
     ctxs, admin, journal = _reopen(config, shard)
     try:
         opts = options or MoveOptions()
         opts.offline = journal.record.mode == "offline"
+        if journaled_pause and journal.record.detail.get("max_pause_ms"):
+            opts.max_pause = int(journal.record.detail["max_pause_ms"]) / 1000
         journal.log(journal.record.step, "resume", {})
         return Mover(config, ctxs, journal, opts, progress, hook).run(resumed=True)
     finally:
