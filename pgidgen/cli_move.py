@@ -93,6 +93,15 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
     if modes and len(shards) > 1:
         raise InputError(f"{modes[0]} takes one shard, not {collapse(shards)}",
                          hint="name any one shard of the move (a batch's other shards follow it)" if resume or rollback else "give them one at a time")
+    if resume and (target is not None or offline):  # the journal decides where and how: a different word is a mistake
+        from .move.engine import find_open_move
+
+        _, rec = find_open_move(config, shards[0])
+        if target is not None and target != rec.target:
+            raise ConfigError(f"shard {shards[0]}'s interrupted move goes to {rec.target}, not {target}",
+                              hint=f"'pgidgen move-shard {shards[0]} --resume' finishes it to {rec.target}; to move elsewhere, --rollback it first")
+        if offline and rec.mode != "offline":
+            raise ConfigError(f"shard {shards[0]}'s interrupted move is an online one", hint=f"resume it without --offline, or --rollback it first")
     opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline, drop_source=drop_source, verify_in_pause=verify_in_pause,
                             subscription_conninfo=subscription_dsn)
     if dry_run:

@@ -298,6 +298,11 @@ def test_a_resume_keeps_the_max_pause_the_move_was_started_with(config: Config, 
         assert "could not be locked within --max-pause 200 ms" in result.output, result.output
         result = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "1", "--resume", "--max-pause", "300ms"])
         assert "could not be locked within --max-pause 300 ms" in result.output, result.output  # a given one still rules
+        # the journal says where and how: another target, or --offline for an online move, is refused, not ignored
+        result = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "1", "db2", "--resume"])
+        assert result.exit_code == 1 and "Error: shard 1's interrupted move goes to db3, not db2" in result.output, result.output
+        result = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "1", "--resume", "--offline"])
+        assert result.exit_code == 1 and "Error: shard 1's interrupted move is an online one" in result.output, result.output
         held.commit()
     finally:
         held.close()
