@@ -242,7 +242,9 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
                    + (f", ETA {eta:.0f}s" if tally["shards"] < total else ""), err=True)
 
     try:
-        result, interrupted = rebalance(config, names, parallel=parallel, options=opts, by=by, on_batch=None if as_json else show), False
+        given = ctx.get_parameter_source("max_pause") == click.core.ParameterSource.COMMANDLINE  # else a resumed move keeps its own
+        result, interrupted = rebalance(config, names, parallel=parallel, options=opts, by=by, on_batch=None if as_json else show,
+                                        journaled_pause=not given), False
     except Interrupted as e:
         result, interrupted = e.result, True
     if not as_json:

@@ -114,6 +114,25 @@ def test_drop_source_keeps_a_copy_its_resumed_verification_found_different(confi
     assert leftovers(config.databases) == []
 
 
+def test_a_rebalance_run_again_keeps_the_max_pause_its_unfinished_move_started_with(config: Config, config_file: Path) -> None:
+    """The rebalance that finishes an earlier one's interrupted move bounds its write pause by the --max-pause that
+    move started with unless one is given again (as move-shard --resume; found by a review: the default 1s)."""
+    setup_shards(config, rows=20)
+    with pytest.raises(Crash):
+        rebalance(config, ["db1", "db3"], parallel=1, by="count", options=MoveOptions(max_pause=0.2), hook=crash_at("cutover"))
+    held = psycopg.connect(config.dsn("db1"))
+    try:
+        held.execute("INSERT INTO shard_2.t (v) VALUES (-9)")  # a long transaction: the freeze cannot lock the table
+        res = cli(config_file, "rebalance", "--by", "count", "--databases", "db1,db3")
+        assert res.exit_code == 1 and "within --max-pause 200 ms" in res.output, res.output
+        held.rollback()
+    finally:
+        held.close()
+    res = cli(config_file, "rebalance", "--by", "count", "--databases", "db1,db3")
+    assert res.exit_code == 0, res.output
+    assert leftovers(config.databases) == []
+
+
 def skewed(config: Config) -> None:
     """8 shards on db1, each with a table; shard 0 holds 20 times the rows of the others."""
     init(config, 8, ["db1"])

@@ -245,6 +245,7 @@ def rebalance(
     on_batch: Callable[[MoveReport | PgidgenError, list[int]], None] | None = None,
     hook: Hook | None = None,
     by: str = "size",
+    journaled_pause: bool = False,
 ) -> RebalanceResult:
     """Run the plan's moves in batches per source -> target pair (move_shards: one replication stream and one
     cutover per batch), at most `parallel` batches at a time. Moves an earlier rebalance left unfinished (killed,
@@ -252,10 +253,11 @@ def rebalance(
 
     Ctrl-C (KeyboardInterrupt, which Python raises in the main thread) lets the batches in flight finish (or roll
     back, when their cutover does not fit) and starts no other, then raises Interrupted with what was done: the
-    moves run on other threads, so the interrupt never lands inside a step; this one only waits (run_stoppable)."""
+    moves run on other threads, so the interrupt never lands inside a step; this one only waits (run_stoppable).
+    journaled_pause: a move finished from its journal keeps the --max-pause it started with (resume_move)."""
     _check_parallel(parallel)
     result, interrupted = run_stoppable(lambda stop: _rebalance(config, databases, parallel=parallel, options=options, on_done=on_done,
-                                                                on_batch=on_batch, hook=hook, by=by, stop=stop))
+                                                                on_batch=on_batch, hook=hook, by=by, stop=stop, journaled_pause=journaled_pause))
     if interrupted:
         raise Interrupted(result)
     return result
@@ -272,8 +274,9 @@ def _rebalance(
     hook: Hook | None,
     by: str,
     stop: StopFlag,
+    journaled_pause: bool = False,
 ) -> RebalanceResult:
-    resumed = _finish_interrupted(config, databases, options, on_batch, stop)
+    resumed = _finish_interrupted(config, databases, options, on_batch, stop, journaled_pause)
     plan = plan_rebalance(config, databases, by=by)
     result = RebalanceResult(plan, reports=resumed)
     if not plan.moves or stop.is_set():
@@ -369,7 +372,7 @@ def work_units(moves: Sequence[PlannedMove], parallel: int) -> list[tuple[str, l
 
 def _finish_interrupted(
     config: Config, databases: Sequence[str] | None, options: MoveOptions | None,
-    on_batch: Callable[[MoveReport | PgidgenError, list[int]], None] | None, stop: StopFlag,
+    on_batch: Callable[[MoveReport | PgidgenError, list[int]], None] | None, stop: StopFlag, journaled_pause: bool = False,
 ) -> list[MoveReport]:
     """Resume the moves an earlier rebalance started and did not finish (their journals say so), one at a time
     until stop is set."""
@@ -391,7 +394,7 @@ def _finish_interrupted(
         if stop.is_set():
             break
         opts = MoveOptions(**vars(options)) if options else MoveOptions()
-        report = resume_move(config, shard, options=opts)
+        report = resume_move(config, shard, options=opts, journaled_pause=journaled_pause)
         reports.append(report)
         if on_batch is not None:
             on_batch(report, report.shards)
