@@ -308,3 +308,49 @@ def test_a_resume_keeps_the_max_pause_the_move_was_started_with(config: Config, 
         held.close()
     assert resume_move(config, 1).status == "done"
     assert leftovers(config.databases) == []
+
+
+@pytest.mark.parametrize("point", ["catchup", "cutover:frozen", "activate"])
+def test_a_rollback_whose_target_is_gone_undoes_the_source_side(config: Config, tmp_path: Path, point: str) -> None:
+    """The target's server is gone for good with a move open: its slot holds WAL on the source (the disk fills)
+    and the shard stays 'moving'. --rollback undoes the source side when the source's own rows show the flip has
+    not happened (the shard is not retired there), and names what it leaves on the target; after the flip it
+    refuses, changing nothing (the target may serve the shard). It needed the target, and failed."""
+    from pgidgen.config import write_config
+
+    setup_shards(config, rows=10)
+    with pytest.raises(Crash):
+        move_shard(config, 1, "db3", hook=crash_at(point))
+    target = config.dsn("db3")
+    with psycopg.connect(target, autocommit=True) as c:  # as its server's end would: the apply worker stops
+        sub = c.execute("SELECT subname FROM pg_subscription").fetchone()[0]  # type: ignore[index]
+        c.execute(psycopg.sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(psycopg.sql.Identifier(sub)))
+    gone = tmp_path / "gone.toml"
+    write_config(gone, config.layout, {**config.databases, "db3": "postgresql://nobody@127.0.0.1:1/none"})
+    res = CliRunner().invoke(main, ["--config", str(gone), "move-shard", "1", "--rollback"])
+    try:
+        if point == "activate":  # the source copy is retired: the flip may have activated the target
+            assert res.exit_code == 1 and "Error: db3 does not answer, and shard 1 is retired on db1 already" in res.output, res.output
+            assert open_moves(config.dsn("db1")) == 1 and state_of(config.dsn("db1"), 1) is not None
+        else:
+            assert res.exit_code == 0, res.output
+            assert "db1 serves it as before, its slot and publication are dropped; db3 did not answer" in res.output, res.output
+            assert sub in res.output
+            assert state_of(config.dsn("db1"), 1) == ("active", "shard_1") and open_moves(config.dsn("db1")) == 0
+            assert leftovers({"db1": config.dsn("db1")}) == []
+            with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+                c.execute("INSERT INTO shard_1.t (v) VALUES (-9)")  # served, writable
+    finally:  # the target back: what the report names is dropped as it says
+        with psycopg.connect(target, autocommit=True) as c:
+            name = psycopg.sql.Identifier(sub)
+            if point != "activate":
+                c.execute(psycopg.sql.SQL("ALTER SUBSCRIPTION {} SET (slot_name = NONE)").format(name))
+                c.execute(psycopg.sql.SQL("DROP SUBSCRIPTION {}").format(name))
+                c.execute("DROP SCHEMA IF EXISTS shard_1 CASCADE")
+                c.execute("DELETE FROM pgidgen.shards WHERE shard = 1 AND state = 'incoming'")
+            else:
+                c.execute(psycopg.sql.SQL("ALTER SUBSCRIPTION {} ENABLE").format(name))
+    if point == "activate":  # with the target back, the rollback it refused runs
+        assert rollback_move(config, 1).status == "rolled_back"
+        assert state_of(config.dsn("db1"), 1) == ("active", "shard_1")
+    assert leftovers(config.databases) == []

@@ -365,8 +365,9 @@ def find_open_move(config: Config, shard: int) -> tuple[str, MoveRecord]:
     raise MoveError(f"no interrupted move of shard {shard} was found", where=where, hint="nothing to resume or roll back; see 'pgidgen map'")
 
 
-def _reopen(config: Config, shard: int) -> tuple[list[ShardContext], psycopg.Connection[Any], Journal]:
-    """The interrupted move shard belongs to (a batch: all of its shards), locked for this process."""
+def _reopen(config: Config, shard: int, *, target_needed: bool = True) -> tuple[list[ShardContext], psycopg.Connection[Any], Journal]:
+    """The interrupted move shard belongs to (a batch: all of its shards), locked for this process.
+    target_needed=False (a rollback): the target may be down; the source's catalog says all that is needed."""
     source, rec = find_open_move(config, shard)
     config.dsn(rec.target)
     admin = connect(source, config.dsn(source), autocommit=True)
@@ -379,8 +380,8 @@ def _reopen(config: Config, shard: int) -> tuple[list[ShardContext], psycopg.Con
                 where=f"{source}, backend pid {pid}", hint="wait for it to finish, or stop that process first",
             )
         rec = open_move(admin, shard) or rec
-        states, _ = read_states(config, need=(source, rec.target), shard=shard if len(rec.shards) == 1 else None)
-        layout = states[source].layout or states[rec.target].layout
+        states, _ = read_states(config, need=(source, rec.target) if target_needed else (source,), shard=shard if len(rec.shards) == 1 else None)
+        layout = states[source].layout or (states[rec.target].layout if rec.target in states else None)
         assert layout is not None
         retired = retired_names(rec)
         live = {int(r[0]): (r[1], r[2]) for r in admin.execute(
@@ -426,7 +427,7 @@ def resume_move(
 
 def rollback_move(config: Config, shard: int) -> MoveReport:
     """Undo an interrupted move (of shard's batch): the source serves its shards as before, nothing is left on the target."""
-    ctxs, admin, journal = _reopen(config, shard)
+    ctxs, admin, journal = _reopen(config, shard, target_needed=False)
     try:
         return Mover(config, ctxs, journal, MoveOptions(), None, None).rollback()
     finally:

@@ -76,6 +76,8 @@ class MoveReport:
     retired_schemas: dict[int, str] = field(default_factory=dict)  # per shard of the batch
     bytes_copied: int = 0
     pause_parts: dict[str, float] = field(default_factory=dict)  # ms: where the pause went
+    #: a rollback whose target did not answer: what it left there (named in the report)
+    left_on_target: str | None = None
 
     def __post_init__(self) -> None:
         self.shards = self.shards or [self.shard]
@@ -109,6 +111,9 @@ class MoveReport:
             elif self.retired_schemas:
                 out.append(f"the source copies are kept read-only on {self.source} as shard_N_moved_...; drop them with"
                            f" 'pgidgen move-shard --cleanup N' for each of {collapse(self.retired_schemas)}")
+        elif self.status == "rolled_back" and self.left_on_target:
+            out.append(f"rolled back the move of {self.what} to {self.target}: {self.source} serves it as before, its slot and publication"
+                       f" are dropped; {self.target} did not answer: {self.left_on_target} are left there")
         elif self.status == "rolled_back":
             out.append(f"rolled back the move of {self.what} to {self.target}: {self.source} serves it as before; nothing is left on {self.target}")
         if self.verification is not None:
