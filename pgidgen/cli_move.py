@@ -223,8 +223,8 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
         plan_batches_of(config, plan, parallel=parallel, options=opts)
         click.echo(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()))
         return
-    total = len(plan_rebalance(config, names, by=by).moves)
-    t0, tally = time.monotonic(), {"shards": 0, "bytes": 0}
+    # the plan's shards, known once an earlier run's unfinished moves are finished (those come first, counted apart)
+    t0, tally = time.monotonic(), {"shards": 0, "bytes": 0, "total": 0}
 
     def show(r: Any, shards: list[int]) -> None:
         """A line per batch: what it did, the shards and bytes done so far, and an ETA from the rate so far."""
@@ -233,18 +233,25 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
             return
         if r.verification is not None and not r.verification.ok:
             click.echo(f"shards {collapse(shards)}: verification MISMATCH: " + "; ".join(t.describe() for t in r.verification.mismatches()), err=True)
+        if any("resumed" in n for n in r.notes):  # an earlier run's move, finished before the plan is made
+            click.echo(f"shards {collapse(shards)}: {r.source} -> {r.target}: resumed, done, pause {r.pause_ms or 0:.0f} ms", err=True)
+            return
         tally["shards"] += len(shards)
         tally["bytes"] += r.bytes_copied
+        total = tally["total"]
         elapsed = time.monotonic() - t0
         eta = elapsed / tally["shards"] * max(0, total - tally["shards"]) if total and tally["shards"] else 0.0
-        click.echo(f"shards {collapse(shards)}: {r.source} -> {r.target}: {'resumed, ' if any('resumed' in n for n in r.notes) else ''}done,"
+        click.echo(f"shards {collapse(shards)}: {r.source} -> {r.target}: done,"
                    f" pause {r.pause_ms or 0:.0f} ms; {tally['shards']}/{total} shards, {tally['bytes'] / 1e6:.1f} MB"
                    + (f", ETA {eta:.0f}s" if tally["shards"] < total else ""), err=True)
+
+    def planned(plan: Any) -> None:
+        tally["total"] = len(plan.moves)
 
     try:
         given = ctx.get_parameter_source("max_pause") == click.core.ParameterSource.COMMANDLINE  # else a resumed move keeps its own
         result, interrupted = rebalance(config, names, parallel=parallel, options=opts, by=by, on_batch=None if as_json else show,
-                                        journaled_pause=not given), False
+                                        journaled_pause=not given, on_plan=planned), False
     except Interrupted as e:
         result, interrupted = e.result, True
     if not as_json:

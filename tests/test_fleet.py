@@ -130,6 +130,9 @@ def test_a_rebalance_run_again_keeps_the_max_pause_its_unfinished_move_started_w
         held.close()
     res = cli(config_file, "rebalance", "--by", "count", "--databases", "db1,db3")
     assert res.exit_code == 0, res.output
+    # the resumed move is shown apart; the count is the plan's, made after it (it read "1/2", then "2/2", of a
+    # plan made before, that moved shards 1 and 3; a review saw "2/0")
+    assert "shards 2: db1 -> db3: resumed, done, pause " in res.output and "; 1/1 shards" in res.output, res.output
     assert leftovers(config.databases) == []
 
 

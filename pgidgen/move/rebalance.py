@@ -246,6 +246,7 @@ def rebalance(
     hook: Hook | None = None,
     by: str = "size",
     journaled_pause: bool = False,
+    on_plan: Callable[[RebalancePlan], None] | None = None,
 ) -> RebalanceResult:
     """Run the plan's moves in batches per source -> target pair (move_shards: one replication stream and one
     cutover per batch), at most `parallel` batches at a time. Moves an earlier rebalance left unfinished (killed,
@@ -254,10 +255,12 @@ def rebalance(
     Ctrl-C (KeyboardInterrupt, which Python raises in the main thread) lets the batches in flight finish (or roll
     back, when their cutover does not fit) and starts no other, then raises Interrupted with what was done: the
     moves run on other threads, so the interrupt never lands inside a step; this one only waits (run_stoppable).
-    journaled_pause: a move finished from its journal keeps the --max-pause it started with (resume_move)."""
+    journaled_pause: a move finished from its journal keeps the --max-pause it started with (resume_move).
+    on_plan(plan): the plan, made once those moves are finished (before the first of its batches starts)."""
     _check_parallel(parallel)
     result, interrupted = run_stoppable(lambda stop: _rebalance(config, databases, parallel=parallel, options=options, on_done=on_done,
-                                                                on_batch=on_batch, hook=hook, by=by, stop=stop, journaled_pause=journaled_pause))
+                                                                on_batch=on_batch, hook=hook, by=by, stop=stop, journaled_pause=journaled_pause,
+                                                                on_plan=on_plan))
     if interrupted:
         raise Interrupted(result)
     return result
@@ -275,9 +278,12 @@ def _rebalance(
     by: str,
     stop: StopFlag,
     journaled_pause: bool = False,
+    on_plan: Callable[[RebalancePlan], None] | None = None,
 ) -> RebalanceResult:
     resumed = _finish_interrupted(config, databases, options, on_batch, stop, journaled_pause)
     plan = plan_rebalance(config, databases, by=by)
+    if on_plan is not None:
+        on_plan(plan)
     result = RebalanceResult(plan, reports=resumed)
     if not plan.moves or stop.is_set():
         return result
