@@ -437,3 +437,32 @@ def test_database_timeouts_do_not_break_the_all_or_nothing_commit(sharded: Confi
                 conn.execute("DO $$BEGIN EXECUTE format('ALTER DATABASE %I RESET ALL', current_database()); END$$")
     for db, shard in (("db1", 0), ("db2", 2), ("db3", 5)):
         assert tables(sharded, db, shard) == ["likes", "photos"]
+
+
+def test_drift_sees_function_results_and_domain_bases(sharded: Config, config_file: Path, tmp_path: Path) -> None:
+    """Drift a review found unseen: a function re-created in one shard with another result type (same body), a
+    domain made NOT NULL, a domain over another base type (and procedures, which have no result type, stay seen). Each is made in one shard only, then found; the shards
+    made alike again report no drift."""
+    ddl = tmp_path / "results.sql"
+    ddl.write_text(
+        "CREATE DOMAIN positive AS int CHECK (VALUE > 0);\n"
+        "CREATE DOMAIN code AS text;\n"
+        "CREATE FUNCTION one() RETURNS int LANGUAGE plpgsql AS $$BEGIN RETURN 1; END$$;\n"
+        "CREATE PROCEDURE nop() LANGUAGE plpgsql AS $$BEGIN NULL; END$$;\n"
+    )
+    assert cli(config_file, "apply-ddl", str(ddl)).exit_code == 0
+    assert cli(config_file, "status", "--drift").exit_code == 0
+    fn = "CREATE FUNCTION shard_3.one() RETURNS {} LANGUAGE plpgsql SET search_path = shard_3, pg_catalog, pg_temp AS $$BEGIN RETURN 1; END$$"
+    changes = [
+        (f"DROP FUNCTION shard_3.one(); {fn.format('bigint')}", f"DROP FUNCTION shard_3.one(); {fn.format('int')}"),
+        ("ALTER DOMAIN shard_3.positive SET NOT NULL", "ALTER DOMAIN shard_3.positive DROP NOT NULL"),
+        ("DROP DOMAIN shard_3.code; CREATE DOMAIN shard_3.code AS varchar(3)", "DROP DOMAIN shard_3.code; CREATE DOMAIN shard_3.code AS text"),
+        ("DROP PROCEDURE shard_3.nop()", "CREATE PROCEDURE shard_3.nop() LANGUAGE plpgsql SET search_path = shard_3, pg_catalog, pg_temp AS $$BEGIN NULL; END$$"),
+    ]
+    for change, undo in changes:
+        execute(sharded, "db2", change)
+        res = cli(config_file, "status", "--drift")
+        assert res.exit_code == 1 and "DRIFT: shards 3 (db2) differ" in res.output, (change, res.output)
+        execute(sharded, "db2", undo)
+        res = cli(config_file, "status", "--drift")
+        assert res.exit_code == 0, (undo, res.output)

@@ -110,6 +110,7 @@ WITH s AS (
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relkind IN ('v', 'm')
   UNION ALL
     SELECT s.shard, 'function ' || p.proname || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ') '
+        || coalesce(pg_catalog.pg_get_function_result(p.oid), 'procedure') || ' '
         || pg_catalog.md5({prosrc}) || CASE WHEN p.prosecdef THEN ' security definer' ELSE '' END || ' ' || p.provolatile::text
         || ' ' || p.proisstrict::text || p.proleakproof::text || p.proparallel::text
         || ' grants ' || {proacl} || ' owner ' || pg_catalog.pg_get_userbyid(p.proowner)
@@ -117,6 +118,8 @@ WITH s AS (
     WHERE p.proname NOT IN ('next_id', 'pgidgen_locked_next_id')
   UNION ALL
     SELECT s.shard, 'type ' || t.typname || ' (' || t.typtype::text || ')'
+        || CASE WHEN t.typtype = 'd' THEN ' over ' || pg_catalog.format_type(t.typbasetype, t.typtypmod) ELSE '' END
+        || CASE WHEN t.typnotnull THEN ' not null' ELSE '' END
         || coalesce(' ' || (SELECT string_agg(e.enumlabel::text, ',' ORDER BY e.enumsortorder) FROM pg_catalog.pg_enum e WHERE e.enumtypid = t.oid), '')
         || coalesce(' default ' || t.typdefault, '')
         || ' grants ' || {typacl} || ' owner ' || pg_catalog.pg_get_userbyid(t.typowner)
