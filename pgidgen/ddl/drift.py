@@ -40,7 +40,8 @@ WITH s AS (
     WHERE sh.state IN ('active', 'moving') {filter}
 ), items AS (
     SELECT s.shard, 'relation ' || c.relname || ' (' || c.relkind::text || ')' || coalesce(' with ' || pg_catalog.array_to_string(c.reloptions, ','), '')
-        || CASE WHEN c.relkind IN ('r', 'p') THEN ' replica identity ' || c.relreplident::text ELSE '' END AS item
+        || CASE WHEN c.relkind IN ('r', 'p') THEN ' replica identity ' || c.relreplident::text ELSE '' END
+        || CASE WHEN c.relpersistence = 'u' THEN ' unlogged' ELSE '' END || coalesce(' partition by ' || pg_catalog.pg_get_partkeydef(c.oid), '') AS item
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
     WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c') AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset')
   UNION ALL
@@ -61,6 +62,7 @@ WITH s AS (
   UNION ALL
     SELECT s.shard, 'column ' || c.relname || '.' || a.attname || ' ' || pg_catalog.format_type(a.atttypid, a.atttypmod)
         || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+        || CASE a.attidentity WHEN 'a' THEN ' identity always' WHEN 'd' THEN ' identity by default' ELSE '' END
         || coalesce(' default ' || {default}, '')
         || CASE WHEN a.attcollation <> ty.typcollation THEN ' collate ' || coalesce((SELECT collname FROM pg_catalog.pg_collation WHERE oid = a.attcollation), '?') ELSE '' END
         || CASE WHEN a.attstorage <> ty.typstorage THEN ' storage ' || a.attstorage::text ELSE '' END
