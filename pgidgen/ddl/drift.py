@@ -41,7 +41,7 @@ WITH s AS (
 ), items AS (
     SELECT s.shard, 'relation ' || c.relname || ' (' || c.relkind::text || ')' || coalesce(' with ' || pg_catalog.array_to_string(c.reloptions, ','), '')
         || CASE WHEN c.relkind IN ('r', 'p') THEN ' replica identity ' || c.relreplident::text ELSE '' END
-        || CASE WHEN c.relpersistence = 'u' THEN ' unlogged' ELSE '' END || coalesce(' partition by ' || pg_catalog.pg_get_partkeydef(c.oid), '') AS item
+        || CASE WHEN c.relkind = 'r' AND c.relpersistence = 'u' THEN ' unlogged' ELSE '' END || coalesce(' partition by ' || pg_catalog.pg_get_partkeydef(c.oid), '') AS item
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
     WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c') AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset')
   UNION ALL
