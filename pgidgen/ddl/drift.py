@@ -40,7 +40,8 @@ WITH s AS (
     WHERE sh.state IN ('active', 'moving') {filter}
 ), items AS (
     SELECT s.shard, 'relation ' || c.relname || ' (' || c.relkind::text || ')' || coalesce(' with ' || pg_catalog.array_to_string(c.reloptions, ','), '')
-        || CASE WHEN c.relkind IN ('r', 'p') THEN ' replica identity ' || c.relreplident::text ELSE '' END AS item
+        || CASE WHEN c.relkind IN ('r', 'p') THEN ' replica identity ' || c.relreplident::text ELSE '' END
+        || CASE WHEN c.relkind = 'r' AND c.relpersistence = 'u' THEN ' unlogged' ELSE '' END || coalesce(' partition by ' || pg_catalog.pg_get_partkeydef(c.oid), '') AS item
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
     WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c') AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset')
   UNION ALL
@@ -61,6 +62,7 @@ WITH s AS (
   UNION ALL
     SELECT s.shard, 'column ' || c.relname || '.' || a.attname || ' ' || pg_catalog.format_type(a.atttypid, a.atttypmod)
         || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+        || CASE a.attidentity WHEN 'a' THEN ' identity always' WHEN 'd' THEN ' identity by default' ELSE '' END
         || coalesce(' default ' || {default}, '')
         || CASE WHEN a.attcollation <> ty.typcollation THEN ' collate ' || coalesce((SELECT collname FROM pg_catalog.pg_collation WHERE oid = a.attcollation), '?') ELSE '' END
         || CASE WHEN a.attstorage <> ty.typstorage THEN ' storage ' || a.attstorage::text ELSE '' END
@@ -110,6 +112,7 @@ WITH s AS (
     FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relkind IN ('v', 'm')
   UNION ALL
     SELECT s.shard, 'function ' || p.proname || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ') '
+        || coalesce(pg_catalog.pg_get_function_result(p.oid), 'procedure') || ' '
         || pg_catalog.md5({prosrc}) || CASE WHEN p.prosecdef THEN ' security definer' ELSE '' END || ' ' || p.provolatile::text
         || ' ' || p.proisstrict::text || p.proleakproof::text || p.proparallel::text
         || ' grants ' || {proacl} || ' owner ' || pg_catalog.pg_get_userbyid(p.proowner)
@@ -117,6 +120,8 @@ WITH s AS (
     WHERE p.proname NOT IN ('next_id', 'pgidgen_locked_next_id')
   UNION ALL
     SELECT s.shard, 'type ' || t.typname || ' (' || t.typtype::text || ')'
+        || CASE WHEN t.typtype = 'd' THEN ' over ' || pg_catalog.format_type(t.typbasetype, t.typtypmod) ELSE '' END
+        || CASE WHEN t.typnotnull THEN ' not null' ELSE '' END
         || coalesce(' ' || (SELECT string_agg(e.enumlabel::text, ',' ORDER BY e.enumsortorder) FROM pg_catalog.pg_enum e WHERE e.enumtypid = t.oid), '')
         || coalesce(' default ' || t.typdefault, '')
         || ' grants ' || {typacl} || ' owner ' || pg_catalog.pg_get_userbyid(t.typowner)
