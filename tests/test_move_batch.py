@@ -291,3 +291,23 @@ def test_a_malformed_set_of_shards_is_refused(config: Config, config_file: Path)
     assert res.exit_code == 1 and "'0-9999999999' names more than 1048576 shards" in res.output, res.output
     assert state_of(config.dsn("db1"), 2) == ("active", "shard_2") and state_of(config.dsn("db3"), 2) is None
     assert leftovers(config.databases) == [] and replication_objects_made(config.dsn("db1")) == 0
+
+
+def test_a_batch_counts_a_lock_for_every_relation_its_copy_holds(config: Config) -> None:
+    """A batch is cut to stay within a share of the lock table: the transaction that creates a shard's copy holds a
+    lock on each of its relations, TOAST tables and their indexes too (a table with a text column has both; they
+    were not counted, and a batch could take some 40% more locks than planned). Counted here against what a
+    transaction dropping the schema actually holds (it locks each relation it drops, as the creating one does)."""
+    from pgidgen.move import plan_shards
+
+    setup_shards(config, rows=10)
+    [batch] = plan_shards(config, [0, 1], "db3")
+    cost = {c.shard: c for c in batch.costs}[0]
+    with psycopg.connect(config.dsn("db1")) as c:
+        c.execute("DROP SCHEMA shard_0 CASCADE")
+        held = c.execute(
+            "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'relation'"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " AND relation NOT IN (SELECT oid FROM pg_class WHERE relnamespace = 'pg_catalog'::regnamespace)").fetchone()[0]  # type: ignore[index]
+        c.rollback()
+    assert cost.relations == held, (cost, held)

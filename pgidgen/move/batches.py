@@ -41,7 +41,7 @@ LOCKS_PER_SHARD = 4
 class ShardCost:
     shard: int
     tables: int
-    relations: int  # tables, indexes, sequences, views: what the copy creates and holds locks on
+    relations: int  # tables, indexes, sequences, views, TOAST tables and their indexes: what the copy creates and holds locks on
 
 
 def estimate_pause(costs: Sequence[ShardCost], *, scale: float = 1.0) -> float:
@@ -67,8 +67,9 @@ def cut(costs: Sequence[ShardCost], *, max_pause: float | None, lock_budget: int
     return out
 
 
+#: per schema: its tables, and its relations with each one's TOAST table and TOAST index (in pg_toast, locked with it)
 COSTS_SQL = """
-SELECT n.nspname, count(*) FILTER (WHERE c.relkind IN ('r', 'p')), count(c.oid)
+SELECT n.nspname, count(*) FILTER (WHERE c.relkind IN ('r', 'p')), count(c.oid) + 2 * count(*) FILTER (WHERE c.reltoastrelid <> 0)
 FROM pg_catalog.pg_namespace n LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid
 WHERE n.nspname = ANY(%s) GROUP BY 1
 """
