@@ -46,6 +46,24 @@ def execute(config: Config, db: str, sql: str) -> None:
         conn.execute(sql.encode())
 
 
+def applied_alike(config_file: Path, path: Path, text: str) -> None:
+    """text written to path and applied to every shard: no drift yet."""
+    path.write_text(text)
+    assert cli(config_file, "apply-ddl", str(path)).exit_code == 0
+    assert cli(config_file, "status", "--drift").exit_code == 0
+
+
+def drifts_and_back(config: Config, config_file: Path, changes: list[tuple[str, str]]) -> None:
+    """Each change made in shard 3 (db2) alone is reported as drift; undone, none is."""
+    for change, undo in changes:
+        execute(config, "db2", change)
+        res = cli(config_file, "status", "--drift")
+        assert res.exit_code == 1 and "DRIFT: shards 3 (db2) differ" in res.output, (change, res.output)
+        execute(config, "db2", undo)
+        res = cli(config_file, "status", "--drift")
+        assert res.exit_code == 0, (undo, res.output)
+
+
 def tables(config: Config, db: str, shard: int) -> list[str]:
     return [r[0] for r in query(config, db, "SELECT relname::text FROM pg_class WHERE relnamespace = %s::regnamespace AND relkind = 'r' ORDER BY 1", f"shard_{shard}")]
 
@@ -371,8 +389,8 @@ def test_drift_sees_composite_types_sql_bodies_and_switches(sharded: Config, con
     """Drift a review found unseen: an attribute added to a composite type, a BEGIN ATOMIC function body (prosrc is
     empty for those), a disabled trigger, row level security, SECURITY DEFINER, a domain default, a column
     collation. Each is made in one shard only, then found; the shards made alike again report no drift."""
-    ddl = tmp_path / "kinds.sql"
-    ddl.write_text(
+    applied_alike(
+        config_file, tmp_path / "kinds.sql",
         "CREATE TYPE pair AS (a int, b int);\n"
         "CREATE DOMAIN positive AS int CHECK (VALUE > 0);\n"
         "CREATE TABLE notes (id bigint PRIMARY KEY DEFAULT next_id(), body text, n positive);\n"
@@ -380,8 +398,6 @@ def test_drift_sees_composite_types_sql_bodies_and_switches(sharded: Config, con
         "CREATE FUNCTION touch() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$;\n"
         "CREATE TRIGGER notes_touch BEFORE INSERT ON notes FOR EACH ROW EXECUTE FUNCTION touch();\n"
     )
-    assert cli(config_file, "apply-ddl", str(ddl)).exit_code == 0
-    assert cli(config_file, "status", "--drift").exit_code == 0
     changes = [
         ("ALTER TYPE shard_3.pair ADD ATTRIBUTE c int", "ALTER TYPE shard_3.pair DROP ATTRIBUTE c"),
         ("CREATE OR REPLACE FUNCTION shard_3.note_count() RETURNS bigint LANGUAGE sql SET search_path = shard_3, pg_catalog, pg_temp"
@@ -394,14 +410,7 @@ def test_drift_sees_composite_types_sql_bodies_and_switches(sharded: Config, con
     ]
     with psycopg.connect(sharded.databases["db2"], autocommit=True) as conn:
         original = conn.execute("SELECT pg_get_functiondef('shard_3.note_count'::regproc)").fetchone()[0]
-        for change, undo in changes:
-            undo = original if undo == "original" else undo
-            conn.execute(change)
-            res = cli(config_file, "status", "--drift")
-            assert res.exit_code == 1 and "DRIFT: shards 3 (db2) differ" in res.output, (change, res.output)
-            conn.execute(undo)
-            res = cli(config_file, "status", "--drift")
-            assert res.exit_code == 0, (undo, res.output)
+    drifts_and_back(sharded, config_file, [(change, original if undo == "original" else undo) for change, undo in changes])
 
 
 def test_a_failure_past_a_databases_first_shard_names_shard_and_statement(sharded: Config, config_file: Path, tmp_path: Path) -> None:
@@ -441,17 +450,15 @@ def test_database_timeouts_do_not_break_the_all_or_nothing_commit(sharded: Confi
 
 def test_drift_sees_function_results_and_domain_bases(sharded: Config, config_file: Path, tmp_path: Path) -> None:
     """Drift a review found unseen: a function re-created in one shard with another result type (same body), a
-    domain made NOT NULL, a domain over another base type (and procedures, which have no result type, stay seen). Each is made in one shard only, then found; the shards
-    made alike again report no drift."""
-    ddl = tmp_path / "results.sql"
-    ddl.write_text(
+    domain made NOT NULL, a domain over another base type (and procedures, which have no result type, stay seen).
+    Each is made in one shard only, then found; the shards made alike again report no drift."""
+    applied_alike(
+        config_file, tmp_path / "results.sql",
         "CREATE DOMAIN positive AS int CHECK (VALUE > 0);\n"
         "CREATE DOMAIN code AS text;\n"
         "CREATE FUNCTION one() RETURNS int LANGUAGE plpgsql AS $$BEGIN RETURN 1; END$$;\n"
         "CREATE PROCEDURE nop() LANGUAGE plpgsql AS $$BEGIN NULL; END$$;\n"
     )
-    assert cli(config_file, "apply-ddl", str(ddl)).exit_code == 0
-    assert cli(config_file, "status", "--drift").exit_code == 0
     fn = "CREATE FUNCTION shard_3.one() RETURNS {} LANGUAGE plpgsql SET search_path = shard_3, pg_catalog, pg_temp AS $$BEGIN RETURN 1; END$$"
     changes = [
         (f"DROP FUNCTION shard_3.one(); {fn.format('bigint')}", f"DROP FUNCTION shard_3.one(); {fn.format('int')}"),
@@ -459,36 +466,22 @@ def test_drift_sees_function_results_and_domain_bases(sharded: Config, config_fi
         ("DROP DOMAIN shard_3.code; CREATE DOMAIN shard_3.code AS varchar(3)", "DROP DOMAIN shard_3.code; CREATE DOMAIN shard_3.code AS text"),
         ("DROP PROCEDURE shard_3.nop()", "CREATE PROCEDURE shard_3.nop() LANGUAGE plpgsql SET search_path = shard_3, pg_catalog, pg_temp AS $$BEGIN NULL; END$$"),
     ]
-    for change, undo in changes:
-        execute(sharded, "db2", change)
-        res = cli(config_file, "status", "--drift")
-        assert res.exit_code == 1 and "DRIFT: shards 3 (db2) differ" in res.output, (change, res.output)
-        execute(sharded, "db2", undo)
-        res = cli(config_file, "status", "--drift")
-        assert res.exit_code == 0, (undo, res.output)
+    drifts_and_back(sharded, config_file, changes)
 
 
 def test_drift_sees_persistence_identity_kind_and_partition_keys(sharded: Config, config_file: Path, tmp_path: Path) -> None:
     """Drift a review found unseen: a table made UNLOGGED in one shard (its rows lost on a crash), an identity
     column switched from ALWAYS to BY DEFAULT (explicit ids accepted there only), a partitioned table re-created
     with another partition key. Each is made in one shard only, then found; undone, no drift."""
-    ddl = tmp_path / "tables.sql"
-    ddl.write_text(
+    applied_alike(
+        config_file, tmp_path / "tables.sql",
         "CREATE TABLE notes (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, body text);\n"
         "CREATE TABLE ev (id bigint, at int) PARTITION BY RANGE (at);\n"
     )
-    assert cli(config_file, "apply-ddl", str(ddl)).exit_code == 0
-    assert cli(config_file, "status", "--drift").exit_code == 0
     changes = [
         ("ALTER TABLE shard_3.notes SET UNLOGGED", "ALTER TABLE shard_3.notes SET LOGGED"),
         ("ALTER TABLE shard_3.notes ALTER COLUMN id SET GENERATED BY DEFAULT", "ALTER TABLE shard_3.notes ALTER COLUMN id SET GENERATED ALWAYS"),
         ("DROP TABLE shard_3.ev; CREATE TABLE shard_3.ev (id bigint, at int) PARTITION BY RANGE (id)",
          "DROP TABLE shard_3.ev; CREATE TABLE shard_3.ev (id bigint, at int) PARTITION BY RANGE (at)"),
     ]
-    for change, undo in changes:
-        execute(sharded, "db2", change)
-        res = cli(config_file, "status", "--drift")
-        assert res.exit_code == 1 and "DRIFT: shards 3 (db2) differ" in res.output, (change, res.output)
-        execute(sharded, "db2", undo)
-        res = cli(config_file, "status", "--drift")
-        assert res.exit_code == 0, (undo, res.output)
+    drifts_and_back(sharded, config_file, changes)
