@@ -93,15 +93,6 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
     if modes and len(shards) > 1:
         raise InputError(f"{modes[0]} takes one shard, not {collapse(shards)}",
                          hint="name any one shard of the move (a batch's other shards follow it)" if resume or rollback else "give them one at a time")
-    if resume and (target is not None or offline):  # the journal decides where and how: a different word is a mistake
-        from .move.engine import find_open_move
-
-        _, rec = find_open_move(config, shards[0])
-        if target is not None and target != rec.target:
-            raise ConfigError(f"shard {shards[0]}'s interrupted move goes to {rec.target}, not {target}",
-                              hint=f"'pgidgen move-shard {shards[0]} --resume' finishes it to {rec.target}; to move elsewhere, --rollback it first")
-        if offline and rec.mode != "offline":
-            raise ConfigError(f"shard {shards[0]}'s interrupted move is an online one", hint=f"resume it without --offline, or --rollback it first")
     opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline, drop_source=drop_source, verify_in_pause=verify_in_pause,
                             subscription_conninfo=subscription_dsn)
     if dry_run:
@@ -151,8 +142,8 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
         if rollback:  # undone whole or not at all by a Ctrl-C: it finishes (a kill leaves it to run again)
             reports = [run_stoppable(lambda _: move.rollback_move(config, shards[0]), on_interrupt=notice)[0]]
         elif resume:  # one batch: a Ctrl-C lets it finish
-            reports = [run_stoppable(lambda _: move.resume_move(config, shards[0], options=opts, progress=bar.show,
-                                                                 journaled_pause=ctx.get_parameter_source("max_pause") != click.core.ParameterSource.COMMANDLINE),
+            reports = [run_stoppable(lambda _: move.resume_move(config, shards[0], options=opts, progress=bar.show, journaled_pause=not _typed(ctx, "max_pause"),
+                                                                 expect_target=target, expect_offline=offline),
                                      on_interrupt=notice)[0]]
         else:
             reports = move.move_shards_interruptible(config, shards, target or "", options=opts, progress=bar.show, on_interrupt=notice)
@@ -187,7 +178,7 @@ def _move_command(ctx: click.Context, shards: str, target: str) -> str:
         words += ["--config", parent.params["config_path"]]
     words += ["move-shard", shards, target]
     for name, value in ctx.params.items():
-        if name in ("shard", "target") or value in (None, False) or ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE:
+        if name in ("shard", "target") or value in (None, False) or not _typed(ctx, name):
             continue
         flag = next(o for o in ctx.command.params if o.name == name).opts[0]  # type: ignore[union-attr]
         words += [flag] if value is True else [flag, str(value)]
@@ -249,9 +240,8 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
         tally["total"] = len(plan.moves)
 
     try:
-        given = ctx.get_parameter_source("max_pause") == click.core.ParameterSource.COMMANDLINE  # else a resumed move keeps its own
         result, interrupted = rebalance(config, names, parallel=parallel, options=opts, by=by, on_batch=None if as_json else show,
-                                        journaled_pause=not given, on_plan=planned), False
+                                        journaled_pause=not _typed(ctx, "max_pause"), on_plan=planned), False
     except Interrupted as e:
         result, interrupted = e.result, True
     if not as_json:
@@ -273,3 +263,8 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
         done = len(result.plan.moves) - len(result.failures)
         raise click.ClickException(f"{len(result.failures)} of {len(result.plan.moves)} moves failed"
                                    + (f"; the other {done} are done (see above)" if done else " (see above)"))
+
+
+def _typed(ctx: click.Context, name: str) -> bool:
+    """Whether the option was given on the command line (else its default: a resumed move keeps its journal's)."""
+    return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE

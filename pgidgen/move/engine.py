@@ -17,7 +17,7 @@ import psycopg
 from ..check import Refusal, conninfo_for_subscription, probe_subscription
 from ..config import Config
 from ..db import connect, pg_message, server_encoding
-from ..errors import ConflictError, InputError, PgidgenError
+from ..errors import ConfigError, ConflictError, InputError, PgidgenError
 from ..ranges import collapse
 from .context import (
     MoveError,
@@ -409,12 +409,21 @@ def resume_move(
     progress: Callable[[CopyProgress], None] | None = None,
     hook: Hook | None = None,
     journaled_pause: bool = False,
+    expect_target: str | None = None,
+    expect_offline: bool = False,
 ) -> MoveReport:
     """Finish an interrupted move (of shard's batch) from the step its journal last started. journaled_pause: the
     write pause bounded by the --max-pause the move started with (its journal's), not options' (a --resume that
-    names none must not loosen the bound its writers were promised)."""
+    names none must not loosen the bound its writers were promised). The journal says where to and how: a target
+    or offline mode asked for that differs from it is refused (before anything is written), not ignored."""
     ctxs, admin, journal = _reopen(config, shard)
     try:
+        rec = journal.record
+        if expect_target is not None and expect_target != rec.target:
+            raise ConfigError(f"shard {shard}'s interrupted move goes to {rec.target}, not {expect_target}",
+                              hint=f"'pgidgen move-shard {shard} --resume' finishes it to {rec.target}; to move elsewhere, --rollback it first")
+        if expect_offline and rec.mode != "offline":
+            raise ConfigError(f"shard {shard}'s interrupted move is an online one", hint="resume it without --offline, or --rollback it first")
         opts = options or MoveOptions()
         opts.offline = journal.record.mode == "offline"
         if journaled_pause and journal.record.detail.get("max_pause_ms"):
