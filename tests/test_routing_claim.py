@@ -41,7 +41,7 @@ def test_a_single_statement_unit_is_two_round_trips(sharded: Config) -> None:
         reads = round_trips(conn, lambda: r.run(2, lambda c: c.execute("SELECT count(*) FROM items WHERE k = %s", (2,)).fetchone(), read_only=True))
         assert [t.split()[0] for t in reads] == ["Sync", "Query"], reads
         bare = round_trips(conn, lambda: r.run(2, lambda c: c.execute("SELECT count(*) FROM items").fetchone(), read_only=True))
-        assert len(bare) == 2 and bare[0].startswith('Query  "BEGIN; SELECT pgidgen.claim_shard(2, false)'), bare
+        assert len(bare) == 2 and bare[0].startswith('Query  "BEGIN READ ONLY; SELECT pgidgen.claim_shard(2, false)'), bare
     with psycopg.connect(sharded.dsn("db1")) as plain:
         plain_trips = round_trips(plain, lambda: (plain.execute("INSERT INTO shard_2.items (k) VALUES (2)"), plain.commit()))
     assert len(plain_trips) == 3 and plain_trips[0].endswith('"BEGIN"'), plain_trips

@@ -102,7 +102,7 @@ class AsyncRouter:
                 yield conn
                 if conn.end_unit() and conn.pgconn.transaction_status != IDLE:
                     committing = True
-                    await conn.commit()
+                    await conn.commit_unit()
             except BaseException as e:
                 conn.end_unit()
                 # a write sent with its COMMIT (execute): a connection that broke meanwhile may have committed it

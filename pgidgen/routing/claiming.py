@@ -23,10 +23,9 @@ from .ending import GONE, refuse_ending, refuse_sending
 IN_UNIT = "commit() and rollback() are not allowed inside a Router unit of work: it commits when the block ends"
 
 
-_CLAIM_READ = (
-    "SELECT pgidgen.claim_shard({shard}, false), pg_catalog.set_config('search_path', {path}, true),"
-    " pg_catalog.set_config('transaction_read_only', 'on', true)"
-)
+#: a read's transaction is read-only from its BEGIN (BEGIN_READ), not by a third call in the claim: one call less
+#: for the server to plan and run in every read
+_CLAIM_READ = "SELECT pgidgen.claim_shard({shard}, false), pg_catalog.set_config('search_path', {path}, true)"
 _CLAIM_WRITE = "SELECT pgidgen.claim_shard({shard}), pg_catalog.set_config('search_path', {path}, true)"
 _INT4, _TEXT = 23, 25
 DIAG_SQLSTATE = pq.DiagnosticField.SQLSTATE
@@ -41,10 +40,11 @@ class Claim:
     kind: every shard's claim is the same text), so the server neither parses nor plans it again, which is most
     of what the claim costs. Not through psycopg's statement cache: keeping count costs a microsecond a unit."""
 
-    __slots__ = ("text", "query", "params", "types", "formats", "name")
+    __slots__ = ("text", "query", "params", "types", "formats", "name", "begin")
 
     def __init__(self, shard: int, search_path: str, read_only: bool) -> None:
         template = _CLAIM_READ if read_only else _CLAIM_WRITE
+        self.begin = BEGIN_READ if read_only else BEGIN
         self.name = b"_pgidgen_claim_r" if read_only else b"_pgidgen_claim_w"  # one text per kind: the shard is $1
         self.text = sql.SQL(template).format(shard=sql.Literal(shard), path=sql.Literal(search_path)).as_string(None).encode("utf-8")
         self.query = template.format(shard="$1", path="$2").encode("utf-8")
@@ -68,6 +68,7 @@ class Command:
 
 
 BEGIN = Command(b"BEGIN", b"_pgidgen_begin")
+BEGIN_READ = Command(b"BEGIN READ ONLY", b"_pgidgen_begin_r")
 
 
 def _fast_path_available() -> bool:
@@ -89,8 +90,8 @@ class ClaimingCursor(psycopg.Cursor[Any]):
             return self
         conn.pending_claim = None
         try:
-            with conn.lock:
-                conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
+            with conn.lock:  # psycopg's wait, not the connection's: this generator's statement was looked at above
+                _wait(conn, claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
         except BaseException as ex:
             raise _failed_first(conn, claim, ex)
         return self
@@ -134,7 +135,7 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         # no parameters: psycopg sends such a query as a simple one (it may hold several statements); so do we,
         # behind BEGIN and the claim in the same message
         self._conn.claim_sent = True
-        pgconn.send_query(b"BEGIN; " + claim.text + b"; " + pgq.query)
+        pgconn.send_query(claim.begin.query + b"; " + claim.text + b"; " + pgq.query)
         results = yield from generators.execute(pgconn)
         discard = getattr(self._conn._prepared, "_should_discard", None)  # where psycopg has it (else: the retry below)
         if discard is not None:
@@ -165,7 +166,8 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
     pgconn.enter_pipeline_mode()
     done = False
     try:
-        bnew = _send_own(pgconn, own, BEGIN)
+        begin = claim.begin
+        bnew = _send_own(pgconn, own, begin)
         cnew = _send_own(pgconn, own, claim)
         key = _send(pgconn, prepared, pgq, prep, name, fmt)
         if with_commit:  # not prepared: a COMMIT the server lost would fail after the statement ran
@@ -204,7 +206,7 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         prepared.clear()  # the statement's Parse was aborted with the rest, where psycopg's cache counts it prepared
     if own is not None and not failed:
         if bnew:
-            own.add(BEGIN.name)
+            own.add(begin.name)
         if cnew:
             own.add(claim.name)
     if failed and again and own is not None and _lost(head):
@@ -311,7 +313,7 @@ class _Unit:
                 raise psycopg.ProgrammingError(GONE)  # see ending.py
             return (yield from super()._start_query())  # type: ignore[misc]
         self.pending_claim = None
-        yield from self._exec_command(b"BEGIN")  # type: ignore[attr-defined]
+        yield from self._exec_command(claim.begin.query)  # type: ignore[attr-defined]
         yield from self._exec_command(claim.text)  # type: ignore[attr-defined]
         self.claim_sent = True
         return None
@@ -348,6 +350,11 @@ class ClaimingConnection(_Unit, psycopg.Connection[Any]):
             raise psycopg.ProgrammingError(IN_UNIT)
         super().commit()
 
+    def commit_unit(self) -> None:
+        """The unit's COMMIT, once it has ended (end_unit): psycopg's commit() without the calls in between."""
+        with self.lock:
+            _wait(self, self._commit_gen())
+
     def rollback(self) -> None:
         if self.in_unit:
             raise psycopg.ProgrammingError(IN_UNIT)
@@ -365,8 +372,8 @@ class AsyncClaimingCursor(psycopg.AsyncCursor[Any]):
             return self
         conn.pending_claim = None
         try:
-            async with conn.lock:
-                await conn.wait(claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
+            async with conn.lock:  # ClaimingCursor.execute
+                await _async_wait(conn, claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
         except BaseException as ex:
             raise _failed_first(conn, claim, ex)
         return self
@@ -408,11 +415,19 @@ class AsyncClaimingConnection(_Unit, psycopg.AsyncConnection[Any]):
             raise psycopg.ProgrammingError(IN_UNIT)
         await super().commit()
 
+    async def commit_unit(self) -> None:
+        """ClaimingConnection.commit_unit."""
+        async with self.lock:
+            await _async_wait(self, self._commit_gen())
+
     async def rollback(self) -> None:
         if self.in_unit:
             raise psycopg.ProgrammingError(IN_UNIT)
         await super().rollback()
 
+
+_wait = psycopg.Connection.wait
+_async_wait = psycopg.AsyncConnection.wait
 
 #: the cursor classes whose execute() and copy() look at their text themselves
 CHECKED = (ClaimingCursor, AsyncClaimingCursor)

@@ -154,7 +154,7 @@ class UnitOfWork:
                 try:
                     if conn.end_unit() and conn.pgconn.transaction_status != IDLE:
                         committing = True
-                        conn.commit()
+                        conn.commit_unit()
                     return False
                 except BaseException as err:
                     e = err
