@@ -289,6 +289,24 @@ def test_an_epoch_in_the_future_is_refused(config: Config, tmp_path: Path) -> No
         assert c.execute("SELECT to_regnamespace('pgidgen')").fetchone()[0] is None
 
 
+def test_a_layout_whose_time_field_has_run_out_is_refused(config: Config, tmp_path: Path) -> None:
+    """An epoch of 1990 with 40 time bits ran out in 2024: init installed the shards and then every next_id()
+    raised 'has used up its 40-bit time field' (found by a review). Refused, nothing written, --sql too."""
+    from dataclasses import replace
+
+    old = replace(config.layout, epoch_ms=631152000000)  # 1990-01-01T00:00:00Z: 40 bits last until 2024-11-03
+    path = tmp_path / "old.toml"
+    write_config(path, old, config.databases)
+    for args in (["init", "--shards", "4"], ["init", "--shards", "4", "--sql"]):
+        r = run_cli(path, *args)
+        assert (r.exit_code, r.stdout) == (1, ""), r.output
+        assert r.stderr == ("Error: the layout's time field ran out at 2024-11-03T19:53:47.776Z (epoch 1990-01-01T00:00:00.000Z,"
+                            " 40 time bits): next_id() could make no ID: set [layout] epoch to a recent moment in the past"
+                            " (the default is 2026-01-01T00:00:00Z)\n"), r.stderr
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        assert c.execute("SELECT to_regnamespace('pgidgen')").fetchone()[0] is None
+
+
 def test_one_database_under_two_config_names_is_refused(config: Config, tmp_path: Path) -> None:
     """init half-wrote (the first name got its shards, the second failed) and map showed shards in both and in
     none (found by a review)."""
