@@ -212,6 +212,28 @@ def test_grant_lets_a_role_use_shards(config: Config) -> None:
             conn.execute("DROP ROLE IF EXISTS pgidgen_app_test")
 
 
+def test_a_granted_role_reads_the_map_version_and_cannot_bump_it(config: Config) -> None:
+    """Routers only read pgidgen.map_version (SELECT); --grant gave USAGE too, so an application role could
+    nextval it and make every polling router reload the map (found by a review)."""
+    from pgidgen.routing.mapcache import VERSION_SQL
+
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS pgidgen_app_mv")
+        conn.execute("CREATE ROLE pgidgen_app_mv LOGIN")
+    try:
+        init(config, 2, ["db1"], grant_roles=["pgidgen_app_mv"])
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
+            conn.execute("SET ROLE pgidgen_app_mv")
+            before = conn.execute(VERSION_SQL).fetchone()[0]
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT nextval('pgidgen.map_version')")
+            assert conn.execute(VERSION_SQL).fetchone()[0] == before
+    finally:
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
+            conn.execute("DROP OWNED BY pgidgen_app_mv")
+            conn.execute("DROP ROLE IF EXISTS pgidgen_app_mv")
+
+
 def test_json_report_and_progress_quiet(config_file: Path) -> None:
     import json
 
