@@ -211,16 +211,19 @@ def parse_epoch(value: object) -> int:
         return _datetime_ms(value)
     if isinstance(value, str):
         text = value.strip()
-        if text.isdigit():
-            return int(text)
+        shown = value if len(value) <= 40 else f"{value[:20]}...({len(value)} characters)"
+        if text.isascii() and text.isdigit():  # ('²' is a digit to isdigit, not to int)
+            if len(text) <= 30:
+                return int(text)
+            raise LayoutError(f"epoch {shown!r} is neither milliseconds nor an ISO-8601 time", hint='write it like "2026-01-01T00:00:00Z"')
         try:
             parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
         except ValueError:
             raise LayoutError(
-                f"epoch {value!r} is neither milliseconds nor an ISO-8601 time", hint='write it like "2026-01-01T00:00:00Z"'
+                f"epoch {shown!r} is neither milliseconds nor an ISO-8601 time", hint='write it like "2026-01-01T00:00:00Z"'
             ) from None
         if parsed.tzinfo is None:
-            raise LayoutError(f"epoch {value!r} has no time zone", hint='write it like "2026-01-01T00:00:00Z"')
+            raise LayoutError(f"epoch {shown!r} has no time zone", hint='write it like "2026-01-01T00:00:00Z"')
         return _datetime_ms(parsed)
     raise LayoutError(f"epoch must be milliseconds or an ISO-8601 time, not {value!r}", hint="fix [layout] epoch")
 

@@ -110,3 +110,18 @@ def test_decode_refuses_values_wider_than_the_layout() -> None:
             L.decode(bad)
     ig = Layout.make(epoch_ms=1314220021721, time_bits=41, shard_bits=13, sequence_bits=10, for_generation=False)
     assert ig.decode(-1)[1:] == ig.decode((1 << 64) - 1)[1:] == (8191, 1023)
+
+
+def test_epochs_that_only_look_like_numbers_are_one_line_errors() -> None:
+    """'²' passed str.isdigit() and int() raised: a traceback from decode --epoch and from a config's epoch (found
+    by a review); so did a number past int()'s 4,300 digits."""
+    from click.testing import CliRunner
+
+    from pgidgen.cli import main
+
+    for text in ("\u00b2", "\u0661\u0662", "1" * 5000):  # superscript two, Arabic-Indic digits, too long
+        with pytest.raises(LayoutError, match="is neither milliseconds nor an ISO-8601 time"):
+            parse_epoch(text)
+        r = CliRunner().invoke(main, ["decode", "--epoch", text, "1"], env={"PGIDGEN_CONFIG": ""})
+        assert r.exit_code == 1 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.startswith("Error: epoch ") and len(r.stderr.splitlines()) == 1, r.stderr
