@@ -460,6 +460,32 @@ def test_a_role_without_rights_on_the_catalog_gets_a_named_error_with_a_hint(con
             c.execute("DROP ROLE IF EXISTS pgidgen_nobody")
 
 
+def test_a_role_that_may_not_create_temporary_objects_is_told_so(config: Config, tmp_path: Path) -> None:
+    """init's check of the argument order uses temporary objects; on a database whose TEMPORARY privilege was
+    revoked from PUBLIC (hardened setups do), a role with CREATE but not TEMPORARY got 'permission denied to create
+    temporary tables' with the hint to connect as the role that ran init, on the very first init (found by a
+    review). Nothing is written."""
+    dbname = psycopg.conninfo.conninfo_to_dict(config.dsn("db1"))["dbname"]
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("DROP ROLE IF EXISTS pgidgen_notemp")
+        c.execute("CREATE ROLE pgidgen_notemp LOGIN")
+        c.execute(f'GRANT CREATE ON DATABASE "{dbname}" TO pgidgen_notemp')
+        c.execute(f'REVOKE TEMPORARY ON DATABASE "{dbname}" FROM PUBLIC')
+    try:
+        path = tmp_path / "notemp.toml"
+        write_config(path, config.layout, {"db1": psycopg.conninfo.make_conninfo(config.dsn("db1"), user="pgidgen_notemp")})
+        r = run_cli(path, "init", "--shards", "2")
+        assert r.exit_code == 1, r.output
+        assert r.stdout == ("db1: failed, rolled back: database db1: pgidgen checks how the server evaluates function arguments with"
+                            " temporary objects, and role pgidgen_notemp may not create them: GRANT TEMPORARY ON DATABASE"
+                            f' "{dbname}" TO "pgidgen_notemp", or connect as the database\'s owner\n'), r.stdout
+        assert schemas_in(config.dsn("db1")) == set()
+    finally:
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+            c.execute("DROP OWNED BY pgidgen_notemp")
+            c.execute("DROP ROLE IF EXISTS pgidgen_notemp")
+
+
 def test_init_without_the_database_a_shard_moved_to_names_it(config: Config, tmp_path: Path) -> None:
     """It failed on a duplicate key in pgidgen.shards (found by a review)."""
     from pgidgen.move import move_shard
