@@ -218,8 +218,9 @@ def decode_cmd(
             time_bits=time_bits,
             for_generation=False,
         )
-    for text in ids:
-        parse_id(text)  # arguments are checked up front, so a bad one prints nothing
+    for text in ids:  # arguments are checked up front, so a bad one prints nothing
+        if parse_id(text) >> layout.bits:
+            raise layout.not_an_id(parse_id(text))
     source = ids if ids else _stdin_lines()
     batch: list[str] = []
     try:

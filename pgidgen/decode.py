@@ -16,7 +16,7 @@ def decode_lines(layout: Layout, lines: Iterable[str], *, as_json: bool) -> Iter
     """One output line per ID; blank input lines are skipped, a malformed one stops with its line number."""
     ts_shift, shard_shift = layout.time_shift, layout.shard_shift
     tmask, smask, qmask = layout.max_time, layout.max_shards - 1, layout.ids_per_ms - 1
-    epoch = layout.epoch_ms
+    epoch, width = layout.epoch_ms, layout.bits
     days: dict[int, str] = {}  # day number -> "YYYY-MM-DDT": a layout's time field spans some 10^4 days
     cache_sec, cache_prefix = None, ""  # the last second's "YYYY-MM-DDTHH:MM:SS": IDs often come in time order
     for lineno, raw in enumerate(lines, 1):
@@ -32,6 +32,8 @@ def decode_lines(layout: Layout, lines: Iterable[str], *, as_json: bool) -> Iter
                 value = parse_id(text)
             except InputError as e:
                 raise InputError(f"line {lineno}: {e.what}", hint=e.hint) from None
+        if value >> width:
+            raise layout.not_an_id(f"line {lineno}: {value}")
         ms = epoch + ((value >> ts_shift) & tmask)
         sec, milli = divmod(ms, 1000)
         if sec != cache_sec:

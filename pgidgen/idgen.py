@@ -8,7 +8,7 @@ import psycopg
 from . import __version__
 from .errors import ConfigError, DatabaseError
 from .layout import Layout, iso_ms
-from .render import literal, render, static_sql
+from .render import ident, literal, render, static_sql
 
 #: Advisory-lock class of pgidgen's locks ('pgid'); the object id is the shard number (or INIT_LOCK for init).
 LOCK_CLASS = 1885825380
@@ -126,10 +126,20 @@ SELECT pg_temp.pgidgen_order_probe_loop()
 
 
 def check_argument_order(conn: psycopg.Connection[Any], database: str) -> None:
-    """Refuse a server that does not evaluate function defaults in parameter order (next_id() needs it)."""
-    with conn.transaction(force_rollback=True):
-        conn.execute(ORDER_PROBE)
-        bad = sum(int(r[0]) for r in conn.execute(ORDER_CHECK))
+    """Refuse a server that does not evaluate function defaults in parameter order (next_id() needs it). The probe
+    needs TEMPORARY on the database, which hardened setups revoke from PUBLIC: said so, not 'lacks the rights'."""
+    try:
+        with conn.transaction(force_rollback=True):
+            conn.execute(ORDER_PROBE)
+            bad = sum(int(r[0]) for r in conn.execute(ORDER_CHECK))
+    except psycopg.errors.InsufficientPrivilege:
+        row = conn.execute("SELECT pg_catalog.current_database()::text, current_user::text").fetchone()
+        assert row is not None
+        raise DatabaseError(
+            f"database {database}: pgidgen checks how the server evaluates function arguments with temporary objects,"
+            f" and role {row[1]} may not create them",
+            hint=f"GRANT TEMPORARY ON DATABASE {ident(row[0])} TO {ident(row[1])}, or connect as the database's owner",
+        ) from None
     if bad:
         raise DatabaseError(f"database {database} {ORDER_ERROR}", hint=ORDER_HINT)
 

@@ -62,10 +62,16 @@ def check_roles(roles: Sequence[str]) -> tuple[str, ...]:
 
 def check_epoch_past(layout: Layout) -> None:
     """Generators of a layout whose epoch is still to come would stamp every ID with the epoch itself (a time
-    field cannot go below 0), years before some of them were made."""
-    if layout.epoch_ms > time.time() * 1000:
+    field cannot go below 0), years before some of them were made; those of a layout whose time field has run out
+    (an old epoch: 40 bits from 1990 end in 2024) would refuse every call."""
+    now_ms = time.time() * 1000
+    if layout.epoch_ms > now_ms:
         raise ConfigError(f"the layout's epoch {iso_ms(layout.epoch_ms)} is in the future: every ID made before it would carry the epoch as its time",
                           hint="set [layout] epoch to a moment in the past (the default is 2026-01-01T00:00:00Z)")
+    if layout.epoch_ms + layout.max_time < now_ms:
+        raise ConfigError(f"the layout's time field ran out at {iso_ms(layout.epoch_ms + (1 << layout.time_bits))} (epoch {iso_ms(layout.epoch_ms)},"
+                          f" {layout.time_bits} time bits): next_id() could make no ID",
+                          hint="set [layout] epoch to a recent moment in the past (the default is 2026-01-01T00:00:00Z)")
 
 
 def offline_plan(config: Config, shard_count: int, databases: Sequence[str], *, grant_roles: Sequence[str] = ()) -> InitPlan:

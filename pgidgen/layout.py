@@ -126,10 +126,26 @@ class Layout:
             raise InputError(f"sequence {sequence} does not fit in {self.sequence_bits} bits")
         return (t << self.time_shift) | (shard << self.shard_shift) | sequence
 
+    @property
+    def bits(self) -> int:
+        return self.time_bits + self.shard_bits + self.sequence_bits
+
+    def not_an_id(self, what: object) -> InputError:
+        """A value with bits above the layout's fields: masking them away would decode it as some other ID."""
+        return InputError(
+            f"{what} does not fit in this layout's {self.bits} bits ({self.time_bits} time + {self.shard_bits} shard + "
+            f"{self.sequence_bits} sequence), so it is not one of its IDs",
+            hint="decode it with the layout that made it ([layout] in the config; decode also takes --epoch, --time-bits,"
+                 " --shard-bits, --sequence-bits, --instagram)",
+        )
+
     def decode(self, value: int) -> tuple[int, int, int]:
-        """(Unix time in ms, shard, sequence) of an ID read as unsigned 64-bit."""
-        if value < 0:
+        """(Unix time in ms, shard, sequence) of an ID read as unsigned 64-bit (a negative one is the signed
+        reading of a 64-bit layout's ID)."""
+        if value < 0 and self.bits == 64:
             value &= U64_MAX
+        if value < 0 or value >> self.bits:
+            raise self.not_an_id(value)
         t = (value >> self.time_shift) & self.max_time
         shard = (value >> self.shard_shift) & (self.max_shards - 1)
         seq = value & (self.ids_per_ms - 1)
@@ -195,16 +211,19 @@ def parse_epoch(value: object) -> int:
         return _datetime_ms(value)
     if isinstance(value, str):
         text = value.strip()
-        if text.isdigit():
-            return int(text)
+        shown = value if len(value) <= 40 else f"{value[:20]}...({len(value)} characters)"
+        if text.isascii() and text.isdigit():  # ('²' is a digit to isdigit, not to int)
+            if len(text) <= 30:
+                return int(text)
+            raise LayoutError(f"epoch {shown!r} is neither milliseconds nor an ISO-8601 time", hint='write it like "2026-01-01T00:00:00Z"')
         try:
             parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
         except ValueError:
             raise LayoutError(
-                f"epoch {value!r} is neither milliseconds nor an ISO-8601 time", hint='write it like "2026-01-01T00:00:00Z"'
+                f"epoch {shown!r} is neither milliseconds nor an ISO-8601 time", hint='write it like "2026-01-01T00:00:00Z"'
             ) from None
         if parsed.tzinfo is None:
-            raise LayoutError(f"epoch {value!r} has no time zone", hint='write it like "2026-01-01T00:00:00Z"')
+            raise LayoutError(f"epoch {shown!r} has no time zone", hint='write it like "2026-01-01T00:00:00Z"')
         return _datetime_ms(parsed)
     raise LayoutError(f"epoch must be milliseconds or an ISO-8601 time, not {value!r}", hint="fix [layout] epoch")
 

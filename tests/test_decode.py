@@ -191,3 +191,20 @@ def test_decode_huge_and_negative_numbers_are_one_line_errors() -> None:
     assert (r.exit_code, r.stderr) == (1, "Error: '-1' is not an ID: give a whole number from 0 to 18446744073709551615\n")
     r = decode_cli("000000000000000000000000000042")  # leading zeros are still the number
     assert r.exit_code == 0 and "shard 0\tsequence 42" in r.stdout
+
+
+def test_ids_wider_than_the_layout_are_refused() -> None:
+    """The default layout's IDs have 63 bits: 2^63 decoded as the epoch, shard 0, sequence 0 (the same as ID 0),
+    and 2^64-1 as a plausible time in 2060, shard 8191 (found by a review). Arguments: refused before anything is
+    printed; stdin: refused at its line. A 64-bit layout (--instagram) still reads them."""
+    wide = "Error: {} does not fit in this layout's 63 bits (40 time + 13 shard + 10 sequence), so it is not one of its IDs: decode it with the layout that made it ([layout] in the config; decode also takes --epoch, --time-bits, --shard-bits, --sequence-bits, --instagram)\n"
+    for value in (1 << 63, (1 << 64) - 1):
+        r = decode_cli("1", str(value))
+        assert (r.exit_code, r.stdout, r.stderr) == (1, "", wide.format(value))
+        r = decode_cli(input=f"1\n{value}\n")
+        assert r.exit_code == 1 and r.stdout.startswith("1\t") and r.stderr == wide.format(f"line 2: {value}"), r.stderr
+        assert decode_cli("--instagram", str(value)).exit_code == 0
+    r = decode_cli("--shard-bits", "8", "--sequence-bits", "8", "--time-bits", "40", str(1 << 56))  # a 56-bit layout
+    assert r.exit_code == 1 and "does not fit in this layout's 56 bits (40 time + 8 shard + 8 sequence)" in r.stderr, r.stderr
+    r = decode_cli(str((1 << 63) - 1))  # the last ID of the layout
+    assert r.exit_code == 0 and "shard 8191\tsequence 1023" in r.stdout

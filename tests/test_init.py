@@ -212,6 +212,28 @@ def test_grant_lets_a_role_use_shards(config: Config) -> None:
             conn.execute("DROP ROLE IF EXISTS pgidgen_app_test")
 
 
+def test_a_granted_role_reads_the_map_version_and_cannot_bump_it(config: Config) -> None:
+    """Routers only read pgidgen.map_version (SELECT); --grant gave USAGE too, so an application role could
+    nextval it and make every polling router reload the map (found by a review)."""
+    from pgidgen.routing.mapcache import VERSION_SQL
+
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS pgidgen_app_mv")
+        conn.execute("CREATE ROLE pgidgen_app_mv LOGIN")
+    try:
+        init(config, 2, ["db1"], grant_roles=["pgidgen_app_mv"])
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
+            conn.execute("SET ROLE pgidgen_app_mv")
+            before = conn.execute(VERSION_SQL).fetchone()[0]
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT nextval('pgidgen.map_version')")
+            assert conn.execute(VERSION_SQL).fetchone()[0] == before
+    finally:
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
+            conn.execute("DROP OWNED BY pgidgen_app_mv")
+            conn.execute("DROP ROLE IF EXISTS pgidgen_app_mv")
+
+
 def test_json_report_and_progress_quiet(config_file: Path) -> None:
     import json
 
@@ -285,6 +307,24 @@ def test_an_epoch_in_the_future_is_refused(config: Config, tmp_path: Path) -> No
     for args in (["init", "--shards", "4"], ["init", "--shards", "4", "--sql"]):
         r = run_cli(path, *args)
         assert r.exit_code == 1 and "is in the future: every ID made before it would carry the epoch as its time" in r.output, r.output
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        assert c.execute("SELECT to_regnamespace('pgidgen')").fetchone()[0] is None
+
+
+def test_a_layout_whose_time_field_has_run_out_is_refused(config: Config, tmp_path: Path) -> None:
+    """An epoch of 1990 with 40 time bits ran out in 2024: init installed the shards and then every next_id()
+    raised 'has used up its 40-bit time field' (found by a review). Refused, nothing written, --sql too."""
+    from dataclasses import replace
+
+    old = replace(config.layout, epoch_ms=631152000000)  # 1990-01-01T00:00:00Z: 40 bits last until 2024-11-03
+    path = tmp_path / "old.toml"
+    write_config(path, old, config.databases)
+    for args in (["init", "--shards", "4"], ["init", "--shards", "4", "--sql"]):
+        r = run_cli(path, *args)
+        assert (r.exit_code, r.stdout) == (1, ""), r.output
+        assert r.stderr == ("Error: the layout's time field ran out at 2024-11-03T19:53:47.776Z (epoch 1990-01-01T00:00:00.000Z,"
+                            " 40 time bits): next_id() could make no ID: set [layout] epoch to a recent moment in the past"
+                            " (the default is 2026-01-01T00:00:00Z)\n"), r.stderr
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
         assert c.execute("SELECT to_regnamespace('pgidgen')").fetchone()[0] is None
 
@@ -418,6 +458,32 @@ def test_a_role_without_rights_on_the_catalog_gets_a_named_error_with_a_hint(con
     finally:
         with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
             c.execute("DROP ROLE IF EXISTS pgidgen_nobody")
+
+
+def test_a_role_that_may_not_create_temporary_objects_is_told_so(config: Config, tmp_path: Path) -> None:
+    """init's check of the argument order uses temporary objects; on a database whose TEMPORARY privilege was
+    revoked from PUBLIC (hardened setups do), a role with CREATE but not TEMPORARY got 'permission denied to create
+    temporary tables' with the hint to connect as the role that ran init, on the very first init (found by a
+    review). Nothing is written."""
+    dbname = psycopg.conninfo.conninfo_to_dict(config.dsn("db1"))["dbname"]
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("DROP ROLE IF EXISTS pgidgen_notemp")
+        c.execute("CREATE ROLE pgidgen_notemp LOGIN")
+        c.execute(f'GRANT CREATE ON DATABASE "{dbname}" TO pgidgen_notemp')
+        c.execute(f'REVOKE TEMPORARY ON DATABASE "{dbname}" FROM PUBLIC')
+    try:
+        path = tmp_path / "notemp.toml"
+        write_config(path, config.layout, {"db1": psycopg.conninfo.make_conninfo(config.dsn("db1"), user="pgidgen_notemp")})
+        r = run_cli(path, "init", "--shards", "2")
+        assert r.exit_code == 1, r.output
+        assert r.stdout == ("db1: failed, rolled back: database db1: pgidgen checks how the server evaluates function arguments with"
+                            " temporary objects, and role pgidgen_notemp may not create them: GRANT TEMPORARY ON DATABASE"
+                            f' "{dbname}" TO "pgidgen_notemp", or connect as the database\'s owner\n'), r.stdout
+        assert schemas_in(config.dsn("db1")) == set()
+    finally:
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+            c.execute("DROP OWNED BY pgidgen_notemp")
+            c.execute("DROP ROLE IF EXISTS pgidgen_notemp")
 
 
 def test_init_without_the_database_a_shard_moved_to_names_it(config: Config, tmp_path: Path) -> None:

@@ -97,3 +97,31 @@ def test_instagram_layout_is_unsigned() -> None:
     assert value >= 1 << 63
     assert ig.decode(value)[1:] == (5000, 7)
     assert ig.decode(value - (1 << 64))[1:] == (5000, 7)
+
+
+def test_decode_refuses_values_wider_than_the_layout() -> None:
+    """Layout.decode masked the bits above the layout away, so Router.shard_of routed 2^63 + an ID to that ID's
+    shard, and -1 to shard 8191 (found by a review); a 64-bit layout reads every 64-bit value, signed or not."""
+    L = Layout.make()
+    good = L.encode(L.epoch_ms + 5, 7, 1)
+    assert L.decode(good) == (L.epoch_ms + 5, 7, 1)
+    for bad in ((1 << 63) | good, -1, -good):
+        with pytest.raises(InputError, match="does not fit in this layout's 63 bits"):
+            L.decode(bad)
+    ig = Layout.make(epoch_ms=1314220021721, time_bits=41, shard_bits=13, sequence_bits=10, for_generation=False)
+    assert ig.decode(-1)[1:] == ig.decode((1 << 64) - 1)[1:] == (8191, 1023)
+
+
+def test_epochs_that_only_look_like_numbers_are_one_line_errors() -> None:
+    """'²' passed str.isdigit() and int() raised: a traceback from decode --epoch and from a config's epoch (found
+    by a review); so did a number past int()'s 4,300 digits."""
+    from click.testing import CliRunner
+
+    from pgidgen.cli import main
+
+    for text in ("\u00b2", "\u0661\u0662", "1" * 5000):  # superscript two, Arabic-Indic digits, too long
+        with pytest.raises(LayoutError, match="is neither milliseconds nor an ISO-8601 time"):
+            parse_epoch(text)
+        r = CliRunner().invoke(main, ["decode", "--epoch", text, "1"], env={"PGIDGEN_CONFIG": ""})
+        assert r.exit_code == 1 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.startswith("Error: epoch ") and len(r.stderr.splitlines()) == 1, r.stderr
