@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from pgidgen.cli import main
 from pgidgen.config import load_config
-from pgidgen.sandbox import load
+from pgidgen.sandbox import down, load
 
 
 def test_sandbox_up_and_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,3 +64,25 @@ def test_sandbox_down_keeps_a_config_that_was_edited(tmp_path: Path) -> None:
     r = runner.invoke(main, ["sandbox", "down", "--dir", str(tmp_path / "sb")])
     assert r.exit_code == 0, r.output
     assert cfg.exists() and "db9" in cfg.read_text()
+
+
+def test_a_pg_bindir_without_server_programs_is_refused_not_passed_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PGIDGEN_PG_BINDIR names the one directory to use: one that does not exist, or holds only client programs,
+    started the servers of whatever installation came next (another major) without a word (found by a review)."""
+    monkeypatch.delenv("PGIDGEN_PG_VERSION", raising=False)
+    clients_only = tmp_path / "bin"
+    clients_only.mkdir()
+    for program in ("pg_dump", "pg_restore", "psql"):
+        (clients_only / program).write_text('#!/bin/sh\necho "psql (PostgreSQL) 15.4 (Debian 15.4-1.pgdg120+1)"\n')
+        (clients_only / program).chmod(0o755)
+    for bindir in (tmp_path / "missing", clients_only):
+        monkeypatch.setenv("PGIDGEN_PG_BINDIR", str(bindir))
+        try:
+            r = CliRunner().invoke(main, ["sandbox", "up", "--databases", "1", "--dir", str(tmp_path / "sb"), "--write-config", str(tmp_path / "x.toml")])
+        finally:
+            if (tmp_path / "sb" / "sandbox.json").exists():  # started after all: stop it
+                down(tmp_path / "sb")
+        assert r.exit_code == 1, r.output
+        assert r.output == (f"Error: PGIDGEN_PG_BINDIR={bindir} holds no runnable initdb, pg_ctl and postgres:"
+                            " point it at a PostgreSQL bin directory that has them, or unset it\n")
+        assert not (tmp_path / "sb" / "sandbox.json").exists() and not (tmp_path / "x.toml").exists()
