@@ -86,3 +86,33 @@ def test_a_pg_bindir_without_server_programs_is_refused_not_passed_over(tmp_path
         assert r.output == (f"Error: PGIDGEN_PG_BINDIR={bindir} holds no runnable initdb, pg_ctl and postgres:"
                             " point it at a PostgreSQL bin directory that has them, or unset it\n")
         assert not (tmp_path / "sb" / "sandbox.json").exists() and not (tmp_path / "x.toml").exists()
+
+
+def test_make_clean_stops_a_sandbox_that_is_up(tmp_path: Path) -> None:
+    """README's steps leave `pgidgen sandbox up`'s servers running with their state in .pgidgen-sandbox; `make
+    clean` deleted that directory (and the venv) without stopping them: servers nobody could find any more, their
+    ports taken, until a reboot (found by a review)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from pgidgen import sandbox
+
+    repo = Path(__file__).resolve().parent.parent
+    work = tmp_path / "checkout"
+    (work / ".venv" / "bin").mkdir(parents=True)
+    shutil.copy(repo / "Makefile", work)
+    (work / ".venv" / "bin" / "pgidgen").symlink_to(Path(sys.executable).parent / "pgidgen")
+    r = CliRunner().invoke(main, ["sandbox", "up", "--databases", "1", "--dir", str(work / ".pgidgen-sandbox"),
+                                  "--write-config", str(work / "pgidgen.toml")])
+    assert r.exit_code == 0, r.output
+    root, servers = load(work / ".pgidgen-sandbox")
+    try:
+        done = subprocess.run(["make", "-s", "clean"], cwd=work, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert not (work / ".pgidgen-sandbox").exists() and not (work / ".venv").exists()
+        assert root is not None and not root.exists()
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(servers[0].dsn, connect_timeout=5).close()
+    finally:
+        sandbox.destroy(servers, root)
