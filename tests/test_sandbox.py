@@ -116,3 +116,25 @@ def test_make_clean_stops_a_sandbox_that_is_up(tmp_path: Path) -> None:
             psycopg.connect(servers[0].dsn, connect_timeout=5).close()
     finally:
         sandbox.destroy(servers, root)
+
+
+def test_a_server_that_started_but_could_not_be_set_up_is_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """create_server started the server, then failed to create its database (here: PGOPTIONS making sessions
+    read-only; or a Ctrl-C): `sandbox up` deleted its data directory under it and left it running, holding its
+    port, with nothing left to stop it by (found by a review)."""
+    import shutil
+
+    from pgidgen import pgbin, sandbox
+    from pgidgen.errors import SandboxError
+
+    root = sandbox.make_root()
+    port = sandbox.free_port()
+    monkeypatch.setenv("PGOPTIONS", "-c default_transaction_read_only=on")
+    try:
+        with pytest.raises(SandboxError, match="cannot create the app database on db1: cannot execute CREATE DATABASE in a read-only transaction"):
+            sandbox.create_server(root, "db1", port=port)
+        assert not (root / "db1" / "postmaster.pid").exists(), "the server is still running"
+    finally:
+        inst = pgbin.server()
+        sandbox.destroy([sandbox.Server("db1", port, str(root / "db1"), bindir=str(inst.bindir))], None)
+        shutil.rmtree(root, ignore_errors=True)
