@@ -50,7 +50,10 @@ demo: venv deps
 bench: venv deps
 	$(PY) bench/run.py
 
+# a sandbox that is up (README's `pgidgen sandbox up`) is stopped first: its state is what finds its servers
 clean:
+	@if [ -f .pgidgen-sandbox/sandbox.json ]; then $(PGIDGEN) sandbox down || { \
+	  echo "a sandbox is up in .pgidgen-sandbox and could not be stopped: run 'pgidgen sandbox down' (make venv first)" >&2; exit 1; }; fi
 	rm -rf $(VENV) .pytest_cache .pgidgen-sandbox
 
 # The command reference (docs/commands/) from the click commands and the error index (docs/errors.md) from the

@@ -3,6 +3,7 @@
 The same checks guard `move-shard` and `rebalance` before they journal anything (move.context.check_servers):
 
 - the server's major (pgbin.SUPPORTED), and a pg_dump at least as new (pgbin.clients_for);
+- that it is a primary, not a read-only standby (a reader endpoint, an old primary's address after a failover);
 - for an online move out of it (the source): wal_level = logical, a free replication slot, two free WAL senders,
   and a role that may replicate (REPLICATION, or a managed service's replication role);
 - for an online move into it (the target): a free logical replication worker, and a role that may CREATE
@@ -55,7 +56,8 @@ SELECT current_setting('server_version_num')::int, current_user, current_databas
        pg_catalog.to_regrole('pg_create_subscription') IS NOT NULL
            AND pg_catalog.pg_has_role(current_user, 'pg_create_subscription', 'USAGE'),
        coalesce(current_setting('max_active_replication_origins', true), current_setting('max_replication_slots'))::int,
-       (SELECT count(DISTINCT subid) FROM pg_catalog.pg_stat_subscription)::int
+       (SELECT count(DISTINCT subid) FROM pg_catalog.pg_stat_subscription)::int,
+       pg_catalog.pg_is_in_recovery()
 FROM pg_catalog.pg_roles r WHERE r.rolname = current_user
 """
 
@@ -80,6 +82,7 @@ class Facts:
     create_subscription: bool
     max_origins: int  # replication origins a subscription's apply needs one of (max_replication_slots before 18)
     origins: int
+    standby: bool  # in recovery: read-only, so neither init nor either end of a move can write there
 
     @classmethod
     def read(cls, conn: psycopg.Connection[Any]) -> "Facts":
@@ -101,7 +104,7 @@ class Facts:
 @dataclass
 class Finding:
     database: str
-    item: str  # version, pg_dump, init, wal_level, slots, senders, workers, replication, subscription, reach <source>
+    item: str  # version, primary, pg_dump, init, wal_level, slots, senders, workers, replication, subscription, reach <source>
     ok: bool
     text: str  # what was found
     fix: str | None = None  # what to change, when not ok
@@ -144,6 +147,11 @@ def server_findings(name: str, facts: Facts, *, clients: bool = True) -> list[Fi
                     f"upgrade it to {supported[0]}-{supported[-1]}, or move its shards to a newer server with --offline"))
     else:
         add(Finding(name, "version", True, f"PostgreSQL {v} (newer than pgidgen was tested on: {supported[-1]})"))
+    if facts.standby:
+        add(Finding(name, "primary", False, "the server is a standby (in recovery), read-only: init, apply-ddl and moves write to every database",
+                    "point the config at the primary"))
+    else:
+        add(Finding(name, "primary", True, "not a standby"))
     try:
         if clients:
             inst = pgbin.clients_for(v)

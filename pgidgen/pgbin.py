@@ -169,8 +169,12 @@ def server(major: int | None = None) -> Install:
     """The server programs to start sandbox servers with: of `major` (or PGIDGEN_PG_VERSION) when given."""
     major = major if major is not None else wanted_major()
     candidates = [i for i in installs() if i.has_server]
-    if os.environ.get("PGIDGEN_PG_BINDIR") and major is None:
-        candidates = candidates[:1]
+    env = os.environ.get("PGIDGEN_PG_BINDIR")
+    if env and major is None:  # the one directory asked for: not whichever installation comes after it
+        candidates = [i for i in candidates[:1] if i.source == "PGIDGEN_PG_BINDIR"]
+        if not candidates:
+            raise SandboxError(f"PGIDGEN_PG_BINDIR={env} holds no runnable initdb, pg_ctl and postgres",
+                               hint="point it at a PostgreSQL bin directory that has them, or unset it")
     for inst in candidates:
         if major is None or inst.major == major:
             return inst

@@ -150,14 +150,21 @@ def create_server(
     conf["unix_socket_directories"] = f"'{server.datadir}'"
     lines = "".join(f"{k} = {v}\n" for k, v in conf.items())
     _append_as_owner(Path(server.datadir) / "postgresql.auto.conf", lines)
-    start(server)
     import psycopg
 
-    try:
-        with psycopg.connect(host=server.datadir, port=server.port, user=SUPERUSER, dbname="postgres", autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {DBNAME}")
-    except psycopg.Error as e:
-        raise SandboxError(f"cannot create the {DBNAME} database on {name}: {e}") from None
+    try:  # a server that started is stopped on any failure (a Ctrl-C too): the caller deletes its directory
+        start(server)
+        try:
+            with psycopg.connect(host=server.datadir, port=server.port, user=SUPERUSER, dbname="postgres", autocommit=True) as conn:
+                conn.execute(f"CREATE DATABASE {DBNAME}")
+        except psycopg.Error as e:
+            raise SandboxError(f"cannot create the {DBNAME} database on {name}: {e}") from None
+    except BaseException:
+        try:
+            stop(server, mode="immediate")
+        except SandboxError:
+            pass
+        raise
     return server
 
 

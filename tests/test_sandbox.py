@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from pgidgen.cli import main
 from pgidgen.config import load_config
-from pgidgen.sandbox import load
+from pgidgen.sandbox import down, load
 
 
 def test_sandbox_up_and_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,3 +64,77 @@ def test_sandbox_down_keeps_a_config_that_was_edited(tmp_path: Path) -> None:
     r = runner.invoke(main, ["sandbox", "down", "--dir", str(tmp_path / "sb")])
     assert r.exit_code == 0, r.output
     assert cfg.exists() and "db9" in cfg.read_text()
+
+
+def test_a_pg_bindir_without_server_programs_is_refused_not_passed_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PGIDGEN_PG_BINDIR names the one directory to use: one that does not exist, or holds only client programs,
+    started the servers of whatever installation came next (another major) without a word (found by a review)."""
+    monkeypatch.delenv("PGIDGEN_PG_VERSION", raising=False)
+    clients_only = tmp_path / "bin"
+    clients_only.mkdir()
+    for program in ("pg_dump", "pg_restore", "psql"):
+        (clients_only / program).write_text('#!/bin/sh\necho "psql (PostgreSQL) 15.4 (Debian 15.4-1.pgdg120+1)"\n')
+        (clients_only / program).chmod(0o755)
+    for bindir in (tmp_path / "missing", clients_only):
+        monkeypatch.setenv("PGIDGEN_PG_BINDIR", str(bindir))
+        try:
+            r = CliRunner().invoke(main, ["sandbox", "up", "--databases", "1", "--dir", str(tmp_path / "sb"), "--write-config", str(tmp_path / "x.toml")])
+        finally:
+            if (tmp_path / "sb" / "sandbox.json").exists():  # started after all: stop it
+                down(tmp_path / "sb")
+        assert r.exit_code == 1, r.output
+        assert r.output == (f"Error: PGIDGEN_PG_BINDIR={bindir} holds no runnable initdb, pg_ctl and postgres:"
+                            " point it at a PostgreSQL bin directory that has them, or unset it\n")
+        assert not (tmp_path / "sb" / "sandbox.json").exists() and not (tmp_path / "x.toml").exists()
+
+
+def test_make_clean_stops_a_sandbox_that_is_up(tmp_path: Path) -> None:
+    """README's steps leave `pgidgen sandbox up`'s servers running with their state in .pgidgen-sandbox; `make
+    clean` deleted that directory (and the venv) without stopping them: servers nobody could find any more, their
+    ports taken, until a reboot (found by a review)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from pgidgen import sandbox
+
+    repo = Path(__file__).resolve().parent.parent
+    work = tmp_path / "checkout"
+    (work / ".venv" / "bin").mkdir(parents=True)
+    shutil.copy(repo / "Makefile", work)
+    (work / ".venv" / "bin" / "pgidgen").symlink_to(Path(sys.executable).parent / "pgidgen")
+    r = CliRunner().invoke(main, ["sandbox", "up", "--databases", "1", "--dir", str(work / ".pgidgen-sandbox"),
+                                  "--write-config", str(work / "pgidgen.toml")])
+    assert r.exit_code == 0, r.output
+    root, servers = load(work / ".pgidgen-sandbox")
+    try:
+        done = subprocess.run(["make", "-s", "clean"], cwd=work, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert not (work / ".pgidgen-sandbox").exists() and not (work / ".venv").exists()
+        assert root is not None and not root.exists()
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(servers[0].dsn, connect_timeout=5).close()
+    finally:
+        sandbox.destroy(servers, root)
+
+
+def test_a_server_that_started_but_could_not_be_set_up_is_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """create_server started the server, then failed to create its database (here: PGOPTIONS making sessions
+    read-only; or a Ctrl-C): `sandbox up` deleted its data directory under it and left it running, holding its
+    port, with nothing left to stop it by (found by a review)."""
+    import shutil
+
+    from pgidgen import pgbin, sandbox
+    from pgidgen.errors import SandboxError
+
+    root = sandbox.make_root()
+    port = sandbox.free_port()
+    monkeypatch.setenv("PGOPTIONS", "-c default_transaction_read_only=on")
+    try:
+        with pytest.raises(SandboxError, match="cannot create the app database on db1: cannot execute CREATE DATABASE in a read-only transaction"):
+            sandbox.create_server(root, "db1", port=port)
+        assert not (root / "db1" / "postmaster.pid").exists(), "the server is still running"
+    finally:
+        inst = pgbin.server()
+        sandbox.destroy([sandbox.Server("db1", port, str(root / "db1"), bindir=str(inst.bindir))], None)
+        shutil.rmtree(root, ignore_errors=True)

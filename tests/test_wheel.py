@@ -45,3 +45,22 @@ def test_wheel_works_from_any_directory(tmp_path: Path, fresh_dsns: dict[str, st
     )
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.count(str(venv)) == 2
+
+
+def test_the_declared_psycopg_floor_has_the_apis_pgidgen_calls() -> None:
+    """pgidgen calls psycopg 3.2's Connection.notifies(timeout=...) (a Router's listeners), Composable.as_string()
+    without a context (check's hints) and Connection.cancel_safe() (moves): under psycopg 3.1, which the
+    dependency allowed, `pgidgen check` died with a TypeError traceback and every listener thread with another
+    (found by a review)."""
+    import re
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
+    (spec,) = [d for d in deps if re.match(r"psycopg(\[|>|=|$)", d)]
+    floor = re.search(r">=\s*(\d+)\.(\d+)", spec)
+    assert floor is not None, spec
+    assert (int(floor.group(1)), int(floor.group(2))) >= (3, 2), spec
