@@ -37,8 +37,9 @@ def schema_name(shard: int) -> str:
 #: The catalog's SQL (catalog.sql and catalog_functions) as of this version, recorded in a comment on
 #: pgidgen.min_id(): init and move-shard bring an older catalog up to it (all of it is safe to run again), so fixes
 #: to the functions reach databases initialised before them. 1: no comment (before the first fix needing it);
-#: 3: advance_generator's message for a negative ID; 4: claim_shard's advisory claim lock.
-CATALOG_REVISION = 4
+#: 3: advance_generator's message for a negative ID; 4: claim_shard's advisory claim lock; 5: pgidgen.claim, the
+#: claim Routers CALL.
+CATALOG_REVISION = 5
 #: The installed catalog's revision, as a SQL expression (1 when the comment is missing).
 CATALOG_REVISION_SQL = ("coalesce(substring(obj_description(to_regprocedure('pgidgen.min_id(timestamptz)'), 'pg_proc')"
                         " FROM 'revision ([0-9]+)')::int, 1)")

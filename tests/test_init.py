@@ -554,7 +554,7 @@ COMMENT ON FUNCTION pgidgen.min_id(timestamptz) IS 'pgidgen catalog revision 3';
 def test_a_revision_3_catalog_gets_the_advisory_claim(config: Config, config_file: Path) -> None:
     """claim_shard changed from a row lock to the advisory claim lock in revision 4: a database initialised before
     keeps its old claim (still safe: the cutover takes the row FOR UPDATE too) until init or a move brings it up."""
-    from pgidgen.idgen import CLAIM_LOCK_BASE, LOCK_CLASS
+    from pgidgen.idgen import CATALOG_REVISION, CLAIM_LOCK_BASE, LOCK_CLASS
 
     init(config, 4, ["db1"])
     held = ("SELECT count(*) FILTER (WHERE locktype = 'advisory' AND classid = %s AND objid = %s),"
@@ -567,7 +567,7 @@ def test_a_revision_3_catalog_gets_the_advisory_claim(config: Config, config_fil
         assert c.execute(held, key).fetchone() == (0, 1)  # the old claim: a row lock, an XID
         c.rollback()
     r = run_cli(config_file, "init", "--shards", "4", "--databases", "db1")
-    assert r.exit_code == 0 and "db1: catalog upgraded to revision 4" in r.output, r.output
+    assert r.exit_code == 0 and f"db1: catalog upgraded to revision {CATALOG_REVISION}" in r.output, r.output
     with psycopg.connect(config.dsn("db1")) as c:
         c.execute("SELECT pgidgen.claim_shard(1)")
         assert c.execute(held, key).fetchone() == (1, 0)

@@ -41,7 +41,7 @@ def test_a_single_statement_unit_is_two_round_trips(sharded: Config) -> None:
         reads = round_trips(conn, lambda: r.run(2, lambda c: c.execute("SELECT count(*) FROM items WHERE k = %s", (2,)).fetchone(), read_only=True))
         assert [t.split()[0] for t in reads] == ["Sync", "Query"], reads
         bare = round_trips(conn, lambda: r.run(2, lambda c: c.execute("SELECT count(*) FROM items").fetchone(), read_only=True))
-        assert len(bare) == 2 and bare[0].startswith('Query  "BEGIN READ ONLY; SELECT pgidgen.claim_shard(2, false)'), bare
+        assert len(bare) == 2 and bare[0].startswith('Query  "BEGIN READ ONLY; CALL pgidgen.claim(2, '), bare
     with psycopg.connect(sharded.dsn("db1")) as plain:
         plain_trips = round_trips(plain, lambda: (plain.execute("INSERT INTO shard_2.items (k) VALUES (2)"), plain.commit()))
     assert len(plain_trips) == 3 and plain_trips[0].endswith('"BEGIN"'), plain_trips
@@ -162,7 +162,7 @@ def test_a_unit_that_deallocates_does_not_break_the_next(sharded: Config, way: s
             if way == "DEALLOCATE ALL first":
                 c.execute("DEALLOCATE ALL")
             else:
-                pattern = "%claim_shard%" if "claim" in way else "BEGIN"
+                pattern = "%pgidgen.claim%" if "claim" in way else "BEGIN"
                 row = c.execute("SELECT name FROM pg_prepared_statements WHERE statement LIKE %s", (pattern,)).fetchone()
                 assert row is not None
                 c.execute(psycopg.sql.SQL("DEALLOCATE {}").format(psycopg.sql.Identifier(row[0])))
@@ -218,7 +218,7 @@ def test_a_claim_refused_on_its_first_prepared_run_leaves_the_connection_usable(
         for n in range(3):
             r.run(2, insert(2, f"after {n}"))
         with r._connection("db1") as conn:
-            names = conn.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ("%claim_shard%",)).fetchone()[0]
+            names = conn.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ("%pgidgen.claim%",)).fetchone()[0]
     assert names >= 1  # prepared again, and in use
     assert count(sharded.dsn("db1"), retired) == 0 and count(sharded.dsn("db3"), "shard_3") == 0
     assert count(sharded.dsn("db1"), "shard_2") == 3
@@ -260,14 +260,20 @@ def test_a_claim_that_waited_for_a_cutover_that_gave_up_goes_on(sharded: Config,
 
 
 @pytest.mark.parametrize("first", ["with parameters (the claim prepared)", "without (one simple query)"])
-def test_a_database_without_claim_shard_is_named_and_the_connection_recovers(sharded: Config, first: str) -> None:
-    """The claim's first, prepared run fails at its Parse (42883): the unit says which database lacks it and what
-    to run, writes nothing, and once the catalog is back the same connection claims again."""
+@pytest.mark.parametrize("missing", ["claim_shard", "claim"])
+def test_a_database_without_its_claim_is_named_and_the_connection_recovers(sharded: Config, first: str, missing: str) -> None:
+    """The claim fails at its Parse (42883): the unit says which database lacks what and what to run, writes
+    nothing, and once the catalog is back the same connection claims again. claim_shard: a catalog without it
+    (nor the CALL's procedure: a connection claims by the SELECT of claim_shard then). claim: the procedure a
+    connection found when it opened (has_claim_call) dropped later."""
     from pgidgen.errors import DatabaseError
     from pgidgen.render import static_sql
 
-    with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
-        c.execute("DROP FUNCTION pgidgen.claim_shard(integer, boolean)")
+    def drop() -> None:
+        with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+            c.execute("DROP PROCEDURE pgidgen.claim(integer, text, boolean)")
+            if missing == "claim_shard":
+                c.execute("DROP FUNCTION pgidgen.claim_shard(integer, boolean)")
 
     def write(c: psycopg.Connection[Any]) -> None:
         if first.startswith("with"):
@@ -275,15 +281,22 @@ def test_a_database_without_claim_shard_is_named_and_the_connection_recovers(sha
         else:
             c.execute("INSERT INTO items (k, note) VALUES (2, 'unclaimed')")
 
+    if missing == "claim_shard":
+        drop()
     with Router(sharded, listen=False, min_size=1, max_size=1) as r:
-        with pytest.raises(DatabaseError, match="database db1 has a pgidgen catalog without pgidgen.claim_shard()"):
+        if missing == "claim":
+            r.run(2, insert(2, "before"))
+            r.run(2, lambda c: c.execute("INSERT INTO items (k, note) VALUES (2, 'before')"))
+            drop()
+        with pytest.raises(DatabaseError, match=f"database db1 has a pgidgen catalog without pgidgen.{missing}\\(\\)"):
             r.run(2, write)
-        assert count(sharded.dsn("db1"), "shard_2") == 0
+        before = 2 if missing == "claim" else 0
+        assert count(sharded.dsn("db1"), "shard_2") == before
         with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
             c.execute(static_sql("catalog.sql"))
         for n in range(3):
             r.run(2, insert(2, f"claimed {n}"))
-    assert count(sharded.dsn("db1"), "shard_2") == 3
+    assert count(sharded.dsn("db1"), "shard_2") == before + 3
 
 
 @pytest.mark.parametrize("way", ["COMMIT; INSERT first", "COMMIT; INSERT later", "END, commented", "COMMIT AND CHAIN", "ROLLBACK",
@@ -382,3 +395,53 @@ def test_a_commit_whose_connection_broke_is_not_run_again(sharded: Config, api: 
     assert not t.is_alive()
     assert len(failed) == 1 and isinstance(failed[0], psycopg.OperationalError), failed
     assert stats["retries"] == 0 and stats["moved"] == 0, stats
+
+
+@pytest.mark.parametrize("shard", [6, 3], ids=["not in this database", "retired here"])
+def test_the_call_claim_cannot_be_led_astray_by_the_callers_search_path(sharded: Config, shard: int) -> None:
+    """pgidgen.claim runs with the caller's search_path (setting it is its job: no SET clause), so every operator in
+    it is qualified: a schema ahead of pg_catalog on that path, with an `=` that matches every row and a `<>` that
+    never differs, changes nothing. It still refuses a shard the database does not serve (PGR01), and for one it
+    serves it sets search_path for the transaction only."""
+    if shard == 3:
+        hand_move(sharded, 3, "db1", "db3")
+    with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+        c.execute("CREATE SCHEMA evil")
+        c.execute("CREATE FUNCTION evil.yes(integer, integer) RETURNS boolean LANGUAGE sql AS 'SELECT true'")
+        c.execute("CREATE FUNCTION evil.same(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT false'")
+        c.execute("CREATE OPERATOR evil.= (LEFTARG = integer, RIGHTARG = integer, FUNCTION = evil.yes)")
+        c.execute("CREATE OPERATOR evil.<> (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.same)")
+    with psycopg.connect(sharded.dsn("db1")) as conn:
+        conn.execute("SET search_path = evil, pg_catalog")
+        conn.commit()
+        assert conn.execute("SELECT 1 = 2, 'a' <> 'b'").fetchone() == (True, False)  # the path does lead astray
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute("CALL pgidgen.claim(%s, 'shard_1')", (shard,))
+        assert refused.value.sqlstate == "PGR01", refused.value
+        conn.rollback()
+        conn.execute("CALL pgidgen.claim(1, '\"shard_1\", public')")
+        assert conn.execute("SHOW search_path").fetchone() == ('"shard_1", public',)
+        conn.commit()
+        assert conn.execute("SHOW search_path").fetchone() == ("evil, pg_catalog",)
+
+
+def test_a_catalog_without_the_call_is_claimed_by_select_until_it_has_it(sharded: Config) -> None:
+    """A database whose catalog predates pgidgen.claim (revision 4) is claimed by the SELECT of claim_shard, with
+    no error; once its catalog is brought up, connections opened from then on claim by CALL."""
+    from pgidgen.render import static_sql
+
+    with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+        c.execute("DROP PROCEDURE pgidgen.claim(integer, text, boolean)")
+    for round in ("old catalog", "upgraded"):
+        with Router(sharded, listen=False, min_size=1, max_size=1) as r:
+            with r._connection("db1") as conn:
+                pass
+            trips = round_trips(conn, lambda: [r.run(2, insert(2, round)), r.run(2, lambda c: c.execute("SELECT 1"))])
+            parses = round_trips(conn, lambda: None)
+            assert len(trips) == 4 and parses == [], trips
+        sent = " ".join(trips)
+        assert ("CALL pgidgen.claim(" in sent) == (round == "upgraded"), sent
+        assert ("pgidgen.claim_shard(" in sent) == (round == "old catalog"), sent
+        with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+            c.execute(static_sql("catalog.sql"))
+    assert count(sharded.dsn("db1"), "shard_2") == 2

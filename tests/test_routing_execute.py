@@ -150,7 +150,7 @@ def test_a_claim_dropped_by_name_is_prepared_again(sharded: Config) -> None:
             r.execute(2, INSERT, (2, f"warm {i}"))
 
         def drop(c: psycopg.Connection[Any]) -> None:
-            row = c.execute("SELECT name FROM pg_prepared_statements WHERE statement LIKE '%claim_shard%'").fetchone()
+            row = c.execute("SELECT name FROM pg_prepared_statements WHERE statement LIKE '%pgidgen.claim%'").fetchone()
             assert row is not None
             c.execute(psycopg.sql.SQL("DEALLOCATE {}").format(psycopg.sql.Identifier(row[0])))
 

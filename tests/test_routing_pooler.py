@@ -142,5 +142,5 @@ def test_through_a_transaction_pooler_the_claim_is_never_prepared(config: Config
                 parses = [line for line in f.read().splitlines() if "\tParse\t" in line]
     finally:
         bouncer.stop()
-    assert len(parses) >= 16 and any("claim_shard" in p for p in parses), parses  # the claim and the INSERT, each time
+    assert len(parses) >= 16 and any("pgidgen.claim" in p for p in parses), parses  # the claim and the INSERT, each time
     assert not [p for p in parses if '"_pg3' in p], parses  # none of them named

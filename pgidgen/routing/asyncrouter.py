@@ -15,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from ..config import Config, load_config
 from ..db import pg_message
 from ..errors import RoutingError, ShardMovedError, ShardUnavailableError
-from .claiming import AsyncClaimingConnection
+from .claiming import AsyncClaimingConnection, async_has_claim_call
 from .mapcache import SERVING, Route, RoutingMap
 from .router import Router
 from .unit import needs_row, next_try, verdict
@@ -182,7 +182,7 @@ class AsyncRouter:
                 pool = AsyncConnectionPool(
                     self.config.app_dsn(name), min_size=self.min_size, max_size=self.max_size,
                     kwargs=policy.connect_kwargs(self.sync.pools.application_name), name=f"pgidgen-async-{name}",
-                    connection_class=AsyncClaimingConnection, open=False,
+                    connection_class=AsyncClaimingConnection, configure=async_has_claim_call, open=False,
                 )
                 await pool.open()
                 self._pools[name] = pool

@@ -25,32 +25,71 @@ IN_UNIT = "commit() and rollback() are not allowed inside a Router unit of work:
 
 #: a read's transaction is read-only from its BEGIN (BEGIN_READ), not by a third call in the claim: one call less
 #: for the server to plan and run in every read
-_CLAIM_READ = "SELECT pgidgen.claim_shard({shard}, false), pg_catalog.set_config('search_path', {path}, true)"
-_CLAIM_WRITE = "SELECT pgidgen.claim_shard({shard}), pg_catalog.set_config('search_path', {path}, true)"
+_SELECT_READ = "SELECT pgidgen.claim_shard({shard}, false), pg_catalog.set_config('search_path', {path}, true)"
+_SELECT_WRITE = "SELECT pgidgen.claim_shard({shard}), pg_catalog.set_config('search_path', {path}, true)"
+#: the same as one CALL (sql/catalog.sql: pgidgen.claim), where the database's catalog has it
+_CALL_READ = "CALL pgidgen.claim({shard}, {path}, false)"
+_CALL_WRITE = "CALL pgidgen.claim({shard}, {path})"
 _INT4, _TEXT = 23, 25
 DIAG_SQLSTATE = pq.DiagnosticField.SQLSTATE
 #: invalid_sql_statement_name: the server does not have the prepared statement the cache names.
 LOST_STATEMENT = b"26000"
+#: whether this connection's role may CALL pgidgen.claim (set on each new pooled connection: has_claim_call)
+HAS_CALL_SQL = (
+    "SELECT coalesce(pg_catalog.has_function_privilege(p, 'EXECUTE') AND pg_catalog.has_table_privilege(t, 'SELECT'), false)"
+    " FROM pg_catalog.to_regprocedure('pgidgen.claim(integer,text,boolean)') AS p, pg_catalog.to_regclass('pgidgen.shards') AS t"
+)
 
 
-class Claim:
-    """The claim of one shard, read or write, in the two forms it is sent in: `text`, with its arguments as
-    literals (psycopg's internal command path and the simple query protocol take no parameters), and `query`
-    with `params` ($1 the shard, $2 the search_path), which a connection prepares once under `name` (one per
-    kind: every shard's claim is the same text), so the server neither parses nor plans it again, which is most
-    of what the claim costs. Not through psycopg's statement cache: keeping count costs a microsecond a unit."""
+class ClaimForm:
+    """One way to send a claim: `text`, with its arguments as literals (psycopg's internal command path and the
+    simple query protocol take no parameters), and `query` with `params` ($1 the shard, $2 the search_path),
+    which a connection prepares once under `name` (one per kind: every shard's claim is the same text), so the
+    server neither parses nor plans it again, which is most of what the claim costs. Not through psycopg's
+    statement cache: keeping count costs a microsecond a unit."""
 
-    __slots__ = ("text", "query", "params", "types", "formats", "name", "begin")
+    __slots__ = ("text", "query", "params", "types", "formats", "name")
 
-    def __init__(self, shard: int, search_path: str, read_only: bool) -> None:
-        template = _CLAIM_READ if read_only else _CLAIM_WRITE
-        self.begin = BEGIN_READ if read_only else BEGIN
-        self.name = b"_pgidgen_claim_r" if read_only else b"_pgidgen_claim_w"  # one text per kind: the shard is $1
+    def __init__(self, template: str, name: bytes, shard: int, search_path: str) -> None:
+        self.name = name
         self.text = sql.SQL(template).format(shard=sql.Literal(shard), path=sql.Literal(search_path)).as_string(None).encode("utf-8")
         self.query = template.format(shard="$1", path="$2").encode("utf-8")
         self.params: list[bytes | None] = [str(shard).encode("ascii"), search_path.encode("utf-8")]
         self.types = (_INT4, _TEXT)
         self.formats = None
+
+
+class Claim:
+    """The claim of one shard, read or write: `call`, the CALL of pgidgen.claim, and `select`, the SELECT of
+    pgidgen.claim_shard and set_config it stands for, for a database whose catalog predates it or a role that
+    may not call it (a connection's claim_call says which); `begin`, the BEGIN it follows."""
+
+    __slots__ = ("select", "call", "begin")
+
+    def __init__(self, shard: int, search_path: str, read_only: bool) -> None:
+        self.begin = BEGIN_READ if read_only else BEGIN
+        kind = "r" if read_only else "w"
+        self.select = ClaimForm(_SELECT_READ if read_only else _SELECT_WRITE, b"_pgidgen_claim_" + kind.encode(), shard, search_path)
+        self.call = ClaimForm(_CALL_READ if read_only else _CALL_WRITE, b"_pgidgen_call_" + kind.encode(), shard, search_path)
+
+
+def has_claim_call(conn: psycopg.Connection[Any]) -> None:
+    """psycopg_pool's configure: whether the new connection claims by CALL (claim_call). Asked once a connection:
+    a catalog upgraded meanwhile is used from the next new connection on."""
+    try:
+        row = conn.execute(HAS_CALL_SQL, prepare=False).fetchone()
+    except psycopg.Error:
+        row = None  # the SELECT form, which says what is wrong when a unit claims
+    conn.claim_call = bool(row and row[0])  # type: ignore[attr-defined]
+
+
+async def async_has_claim_call(conn: psycopg.AsyncConnection[Any]) -> None:
+    """has_claim_call for the AsyncRouter's pools."""
+    try:
+        row = await (await conn.execute(HAS_CALL_SQL, prepare=False)).fetchone()
+    except psycopg.Error:
+        row = None
+    conn.claim_call = bool(row and row[0])  # type: ignore[attr-defined]
 
 
 class Command:
@@ -135,7 +174,8 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         # no parameters: psycopg sends such a query as a simple one (it may hold several statements); so do we,
         # behind BEGIN and the claim in the same message
         self._conn.claim_sent = True
-        pgconn.send_query(claim.begin.query + b"; " + claim.text + b"; " + pgq.query)
+        form = claim.call if self._conn.claim_call else claim.select
+        pgconn.send_query(claim.begin.query + b"; " + form.text + b"; " + pgq.query)
         results = yield from generators.execute(pgconn)
         discard = getattr(self._conn._prepared, "_should_discard", None)  # where psycopg has it (else: the retry below)
         if discard is not None:
@@ -168,7 +208,8 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
     try:
         begin = claim.begin
         bnew = _send_own(pgconn, own, begin)
-        cnew = _send_own(pgconn, own, claim)
+        form = claim.call if conn.claim_call else claim.select
+        cnew = _send_own(pgconn, own, form)
         key = _send(pgconn, prepared, pgq, prep, name, fmt)
         if with_commit:  # not prepared: a COMMIT the server lost would fail after the statement ran
             pgconn.send_query_params(b"COMMIT", None)
@@ -201,14 +242,14 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
     discard = getattr(prepared, "_should_discard", None)
     if discard is not None:  # as after the simple query: a DEALLOCATE ALL psycopg's cache saw before
         discard(Prepare.NO, results)
-    failed = not claimed or claimed[-1].status != pq.ExecStatus.TUPLES_OK  # (aborted, after an error before it)
+    failed = not claimed or claimed[-1].status not in _CLAIMED  # (aborted, after an error before it)
     if failed and prep is Prepare.SHOULD:
         prepared.clear()  # the statement's Parse was aborted with the rest, where psycopg's cache counts it prepared
     if own is not None and not failed:
         if bnew:
             own.add(begin.name)
         if cnew:
-            own.add(claim.name)
+            own.add(form.name)
     if failed and again and own is not None and _lost(head):
         # the server has not got a statement this connection prepared (an application's DEALLOCATE in an
         # earlier unit), or has one it was to prepare: nothing ran after it. Start over once, both sides cleared
@@ -226,7 +267,11 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
     yield from prepared.maintain_gen(self._conn)
 
 
-def _send_own(pgconn: Any, own: set[bytes] | None, q: Claim | Command) -> bool:
+#: a claim that ran: the SELECT's row, or the CALL's completion
+_CLAIMED = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+
+
+def _send_own(pgconn: Any, own: set[bytes] | None, q: ClaimForm | Command) -> bool:
     """Queue BEGIN or a claim in the pipeline, by the name of its own this connection prepares it under (psycopg's
     cache would spend a microsecond a statement keeping count of it); whether a Parse went with it."""
     if own is None:
@@ -272,6 +317,8 @@ class _Unit:
     """What the sync and async connection classes share: the claim held back until the first statement."""
 
     pending_claim: Claim | None = None
+    #: claims by CALL pgidgen.claim (has_claim_call), else by the SELECT of claim_shard
+    claim_call = False
     #: the unit's transaction began with its claim: from then on it must not end before the unit does
     claim_sent = False
     in_unit = False
@@ -314,7 +361,7 @@ class _Unit:
             return (yield from super()._start_query())  # type: ignore[misc]
         self.pending_claim = None
         yield from self._exec_command(claim.begin.query)  # type: ignore[attr-defined]
-        yield from self._exec_command(claim.text)  # type: ignore[attr-defined]
+        yield from self._exec_command((claim.call if self.claim_call else claim.select).text)  # type: ignore[attr-defined]
         self.claim_sent = True
         return None
 

@@ -22,7 +22,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ..config import Config, describe_dsn
 from ..db import CONNECT_TIMEOUT, pg_message
 from ..errors import DatabaseError, RoutingError
-from .claiming import ClaimingConnection
+from .claiming import ClaimingConnection, has_claim_call
 
 IDLE = TransactionStatus.IDLE
 
@@ -182,6 +182,7 @@ class Pools:
                     kwargs=policy.connect_kwargs(self.application_name),
                     name=f"pgidgen-{name}",
                     connection_class=ClaimingConnection,
+                    configure=has_claim_call,
                     open=True,
                 )
                 self._pools[name] = pool

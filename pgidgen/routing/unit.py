@@ -182,9 +182,11 @@ def verdict(units: Any, route: Route, e: psycopg.Error, *, served: bool) -> Pgid
     units: Units or AsyncUnits (config, maps, stats)."""
     state = getattr(e, "sqlstate", None)
     where = f"{route.database}, {describe_dsn(units.config.app_dsn(route.database))}"
-    if state == "42883" and "claim_shard" in (getattr(e.diag, "message_primary", None) or ""):
+    message = getattr(e.diag, "message_primary", None) or ""
+    if state == "42883" and ("claim_shard" in message or "pgidgen.claim(" in message):
+        missing = "pgidgen.claim_shard()" if "claim_shard" in message else "pgidgen.claim()"
         return DatabaseError(
-            f"database {route.database} has a pgidgen catalog without pgidgen.claim_shard()",
+            f"database {route.database} has a pgidgen catalog without {missing}",
             where=where,
             hint="upgrade it: run pgidgen's sql/catalog.sql there (idempotent)",
         )
