@@ -39,7 +39,10 @@ the cutover): a write unit that waits for another of the same shard (nested, on 
 the cutover gives up at its lock_timeout (--max-pause); nothing unsafe, the move fails and is retried.
 
 The claim costs no round trip of its own: it leaves in one pipeline with the work's first statement
-(claiming.py), in the same order, so the argument above holds unchanged. `Router.execute` (one statement) adds COMMIT to that pipeline: BEGIN, the claim, the statement and COMMIT
+(claiming.py), in the same order, so the argument above holds unchanged. It is sent as `CALL pgidgen.claim(N,
+path)`, claim_shard's lock and check (claim_shard itself under REPEATABLE READ) and the transaction's
+search_path in one routine the server does not plan (sql/catalog.sql says why and what it costs); a catalog
+without it is claimed by `SELECT pgidgen.claim_shard(N), set_config(...)`, the same claim. `Router.execute` (one statement) adds COMMIT to that pipeline: BEGIN, the claim, the statement and COMMIT
 leave together, one round trip. It is an explicit transaction block like Router.run's (not the extended
 protocol's implicit transaction, in which PostgreSQL before 18 lets a procedure COMMIT and run on unclaimed),
 and the statement always goes by the extended protocol, so a string of several is refused rather than run past
