@@ -9,6 +9,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -204,10 +205,28 @@ def destroy(servers: Sequence[Server], root: Path | None) -> None:
     for server in servers:
         try:
             stop(server, mode="immediate")
-        except SandboxError:
-            pass
+        except (SandboxError, OSError):
+            _kill_postmaster(server)  # pg_ctl failed or is gone (its installation removed): not left running
     if root is not None:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _kill_postmaster(server: Server, timeout: float = 30) -> None:
+    """Stop server's postmaster by the pid its data directory records (SIGQUIT: pg_ctl's immediate mode), for
+    when pg_ctl could not: its data directory is deleted next, and a server left running under it would hold its
+    port with nothing left to stop it by."""
+    try:
+        pid = int((Path(server.datadir) / "postmaster.pid").read_text(encoding="utf-8").split()[0])
+        os.kill(pid, signal.SIGQUIT)
+    except (OSError, ValueError, IndexError):
+        return  # not running, or not ours to tell
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return
+        time.sleep(0.05)
 
 
 # -- the `pgidgen sandbox` command: a directory with a state file ---------------------------------------

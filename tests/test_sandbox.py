@@ -138,3 +138,35 @@ def test_a_server_that_started_but_could_not_be_set_up_is_stopped(tmp_path: Path
         inst = pgbin.server()
         sandbox.destroy([sandbox.Server("db1", port, str(root / "db1"), bindir=str(inst.bindir))], None)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_destroy_stops_a_server_whose_pg_ctl_is_gone() -> None:
+    """A sandbox whose installation was removed meanwhile (its pg_ctl gone) was left running when destroyed:
+    pg_ctl's failure was ignored and the data directory deleted under the postmaster (found by a review). It is
+    stopped by the pid its data directory records."""
+    import dataclasses
+    import os
+    import time
+
+    from pgidgen import sandbox
+
+    root = sandbox.make_root()
+    server = sandbox.create_server(root, "db1")
+    pid = int((Path(server.datadir) / "postmaster.pid").read_text().split()[0])
+    try:
+        sandbox.destroy([dataclasses.replace(server, bindir=str(root / "no-such-bin"))], root)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"postmaster {pid} still runs")
+        assert not root.exists()
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
