@@ -1,6 +1,7 @@
 """The command line: thin click wrappers over the library; every PgidgenError becomes one line and exit 1."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -31,6 +32,13 @@ class Group(click.Group):
             return super().main(*args, **kwargs)
         try:
             rv = super().main(*args, **{**kwargs, "standalone_mode": False})
+            sys.stdout.flush()  # here, where a failure is reported, rather than at exit
+        except OSError as e:
+            if e.errno not in WRITE_FAILED:
+                raise
+            _quiet_stdout()
+            click.echo(f"Error: cannot write the output: {e.strerror}: free some space, or write it elsewhere", err=True)
+            sys.exit(1)
         except getattr(click.exceptions, "NoArgsIsHelpError", ()) as e:  # `pgidgen` or `pgidgen sandbox` alone: the help
             click.echo(e.ctx.get_help() if e.ctx is not None else e.format_message())
             sys.exit(0)
@@ -59,6 +67,20 @@ class Group(click.Group):
             raise click.ClickException(f"database error: {pg_message(e)}: run again with --traceback to report it") from None
         except KeyboardInterrupt as e:
             raise click.ClickException(str(e) or "interrupted; each database's transaction was rolled back unless reported done") from None
+
+
+#: a write that failed for want of room (a full disk or quota, `> /dev/full`) or of a device
+WRITE_FAILED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what could not be written fails no more."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 @click.group(cls=Group, context_settings=CONTEXT)

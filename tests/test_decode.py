@@ -208,3 +208,15 @@ def test_ids_wider_than_the_layout_are_refused() -> None:
     assert r.exit_code == 1 and "does not fit in this layout's 56 bits (40 time + 8 shard + 8 sequence)" in r.stderr, r.stderr
     r = decode_cli(str((1 << 63) - 1))  # the last ID of the layout
     assert r.exit_code == 0 and "shard 8191\tsequence 1023" in r.stdout
+
+
+@pytest.mark.parametrize("args", [["decode", "123"], ["--help"], ["layout"]])
+def test_output_to_a_full_disk_is_a_one_line_error(args: list[str]) -> None:
+    """`pgidgen decode 123 > /dev/full` (a full disk) printed a traceback (found by a review): one line, exit 1."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "pgidgen", *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr == "Error: cannot write the output: No space left on device: free some space, or write it elsewhere\n", r.stderr
