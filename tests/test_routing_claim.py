@@ -445,3 +445,37 @@ def test_a_catalog_without_the_call_is_claimed_by_select_until_it_has_it(sharded
         with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
             c.execute(static_sql("catalog.sql"))
     assert count(sharded.dsn("db1"), "shard_2") == 2
+
+
+def test_a_role_that_may_not_take_advisory_locks_is_claimed_by_select(sharded: Config) -> None:
+    """pgidgen.claim runs with the caller's rights, so it calls pg_advisory_xact_lock_shared and current_setting
+    as the application's role; claim_shard (SECURITY DEFINER) calls them as the catalog's owner. A hardened
+    database that revokes the advisory lock functions from PUBLIC made every write unit fail with 42501 (found by
+    a review): such a role claims by the SELECT of claim_shard, as before the CALL, and writes and reads."""
+    from dataclasses import replace
+
+    from psycopg.conninfo import make_conninfo
+
+    from pgidgen.db import execute_script
+    from pgidgen.idgen import render_catalog_grants, render_shard_grants
+
+    role = "pgidgen_no_advisory"
+    with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+        c.execute(f"DROP ROLE IF EXISTS {role}")
+        c.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        with psycopg.connect(sharded.dsn("db1")) as c:  # init --grant's grants
+            execute_script(c, render_catalog_grants([role]) + render_shard_grants([2], [role]))
+            c.execute(f"GRANT SELECT, INSERT ON shard_2.items TO {role}")
+            c.execute("REVOKE EXECUTE ON FUNCTION pg_catalog.pg_advisory_xact_lock_shared(integer, integer) FROM PUBLIC")
+        app = replace(sharded, app_dsns={"db1": make_conninfo(sharded.dsn("db1"), user=role)})
+        with Router(app, listen=False, min_size=1, max_size=1) as r:
+            r.run(2, lambda c: c.execute("INSERT INTO items (k, note) VALUES (%s, %s)", (2, "claimed")))
+            r.run(2, lambda c: c.execute("INSERT INTO items (k, note) VALUES (2, 'claimed, simple')"))
+            assert r.run(2, lambda c: c.execute("SELECT count(*) FROM items").fetchone()[0], read_only=True) == 2
+            assert r.run(2, lambda c: c.execute("SELECT current_user").fetchone()[0], read_only=True) == role
+    finally:
+        with psycopg.connect(sharded.dsn("db1"), autocommit=True) as c:
+            c.execute(f"DROP OWNED BY {role}")
+            c.execute(f"DROP ROLE IF EXISTS {role}")
+    assert count(sharded.dsn("db1"), "shard_2") == 2
