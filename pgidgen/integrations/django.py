@@ -91,7 +91,7 @@ def shard_atomic(shard: int, *, read_only: bool = False) -> Iterator[str]:
     lock = "%s"
     tail = ", pg_catalog.set_config('transaction_read_only', 'on', true)" if read_only else ""
     if read_only and connections[alias].in_atomic_block:
-        lock, tail = "%s OR pg_catalog.current_setting('transaction_read_only') = 'off'", ""
+        lock, tail = "%s OR pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'off'", ""
     claim = (f"SELECT pg_catalog.current_setting('search_path'), pgidgen.claim_shard(%s, {lock}),"
              f" pg_catalog.set_config('search_path', %s, true){tail}")
     try:
