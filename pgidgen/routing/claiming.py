@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Iterator
 
 import psycopg
 from psycopg import errors as e
-from psycopg import generators, pq, sql
+from psycopg import adapt, generators, pq, sql
 from psycopg._preparing import Prepare
 
 from .ending import GONE, refuse_ending, refuse_sending
@@ -117,8 +117,8 @@ BEGIN_READ = Command(b"BEGIN READ ONLY", b"_pgidgen_begin_r")
 def _fast_path_available() -> bool:
     """The one-round-trip path drives libpq's pipeline directly with a few of psycopg's cursor internals (3.1+);
     anything missing and every statement takes the generic path (the claim a round trip of its own)."""
-    needed = (hasattr(psycopg.Cursor, n) for n in ("_convert_query", "_check_results", "_set_results", "_start_query"))
-    needed = (*needed, hasattr(Prepare, "SHOULD"))
+    needed = (hasattr(psycopg.Cursor, n) for n in ("_convert_query", "_check_results", "_set_results", "_reset"))
+    needed = (*needed, hasattr(Prepare, "SHOULD"), hasattr(adapt, "Transformer"))
     return all(needed) and all(hasattr(generators, n) for n in ("send", "fetch_many", "execute")) and psycopg.Pipeline.is_supported()
 
 
@@ -169,7 +169,7 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
     parameters: one statement, never a string where a COMMIT ends the claim's transaction and the rest runs
     unclaimed (even writes, under read_only).
     self: a psycopg Cursor or AsyncCursor (the generator is psycopg's way to serve both)."""
-    yield from self._start_query(query)
+    _start(self, query)
     pgq = self._convert_query(query, params)
     self._query = pgq
     fmt = self.format if binary is None else (pq.Format.BINARY if binary else pq.Format.TEXT)
@@ -181,9 +181,8 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         form = claim.call if self._conn.claim_call else claim.select
         pgconn.send_query(claim.begin.query + b"; " + form.text + b"; " + pgq.query)
         results = yield from generators.execute(pgconn)
-        discard = getattr(self._conn._prepared, "_should_discard", None)  # where psycopg has it (else: the retry below)
-        if discard is not None:
-            discard(Prepare.NO, results)  # DEALLOCATE ALL, ROLLBACK, DROP, ALTER: what the server forgot or may plan anew
+        if _DISCARDS:  # where psycopg has it (else: the retry below)
+            self._conn._prepared._should_discard(Prepare.NO, results)  # DEALLOCATE ALL, ROLLBACK, DROP, ALTER: what the server forgot or may plan anew
         if any(res.command_status == b"DEALLOCATE ALL" for res in results[2:]):
             self._conn.own_prepared.clear()  # BEGIN's and the claims' go too (by name: the retry below)
         head, results = results[:2], results[2:]
@@ -211,9 +210,8 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
     done = False
     try:
         begin = claim.begin
-        bnew = _send_own(pgconn, own, begin)
         form = claim.call if conn.claim_call else claim.select
-        cnew = _send_own(pgconn, own, form)
+        bnew, cnew = _send_head(pgconn, own, begin, form)
         key = _send(pgconn, prepared, pgq, prep, name, fmt)
         if with_commit:  # not prepared: a COMMIT the server lost would fail after the statement ran
             pgconn.send_query_params(b"COMMIT", None)
@@ -243,9 +241,8 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
                 raise
     if key is not None:
         prepared.validate(key, prep, name, results)
-    discard = getattr(prepared, "_should_discard", None)
-    if discard is not None:  # as after the simple query: a DEALLOCATE ALL psycopg's cache saw before
-        discard(Prepare.NO, results)
+    if _DISCARDS:  # as after the simple query: a DEALLOCATE ALL psycopg's cache saw before
+        prepared._should_discard(Prepare.NO, results)
     failed = not claimed or claimed[-1].status not in _CLAIMED  # (aborted, after an error before it)
     if failed and prep is Prepare.SHOULD:
         prepared.clear()  # the statement's Parse was aborted with the rest, where psycopg's cache counts it prepared
@@ -263,30 +260,53 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         yield from conn._deallocate_all()  # and ours, whatever the server holds
         conn.claim_sent = False  # rolled back: the claim leaves again, with the statement
         return (yield from claimed_execute_gen(self, query, params, claim, prepare, binary, again=False, with_commit=with_commit))
-    _raise_first(head, pgconn)
+    if failed or prep is Prepare.SHOULD:  # (BEGIN, the claim or a Parse: what ran before the statement)
+        _raise_first(head, pgconn)
     self._check_results(results)
-    _raise_first(committed + synced, pgconn)  # a COMMIT that failed (a deferred constraint): nothing of it stays
+    if committed or len(synced) > 1:  # a COMMIT that failed (a deferred constraint): nothing of it stays
+        _raise_first(committed + synced, pgconn)
     self._set_results(results)
     self._last_query = query
-    yield from prepared.maintain_gen(self._conn)
+    if getattr(prepared, "_to_flush", True):  # psycopg's DEALLOCATEs due, if any (the generator costs more than the look)
+        yield from prepared.maintain_gen(self._conn)
 
+
+def _start(cursor: Any, query: Any) -> None:
+    """psycopg's Cursor._start_query for a unit's claimed first statement, without the connection's part (an
+    autocommit connection starts nothing; the claim is this statement's, taken off already): a few generator
+    frames less per unit."""
+    if cursor.closed:
+        raise e.InterfaceError("the cursor is closed")
+    cursor._reset()
+    if not cursor._last_query or cursor._last_query is not query:
+        cursor._last_query = None
+        cursor._tx = adapt.Transformer(cursor)
+
+
+#: psycopg (3.2+) forgets its prepared statements after a DEALLOCATE ALL, ROLLBACK, DROP or ALTER it sees
+_DISCARDS = hasattr(psycopg._preparing.PrepareManager, "_should_discard")
 
 #: a claim that ran: the SELECT's row, or the CALL's completion
 _CLAIMED = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
 
 
-def _send_own(pgconn: Any, own: set[bytes] | None, q: ClaimForm | Command) -> bool:
-    """Queue BEGIN or a claim in the pipeline, by the name of its own this connection prepares it under (psycopg's
-    cache would spend a microsecond a statement keeping count of it); whether a Parse went with it."""
-    if own is None:
-        pgconn.send_query_params(q.query, q.params, param_types=q.types)
-        return False
-    if q.name in own:
+def _send_head(pgconn: Any, own: set[bytes] | None, begin: Command, form: ClaimForm) -> tuple[bool, bool]:
+    """Queue BEGIN and the claim in the pipeline, by the names of their own this connection prepares them under
+    (psycopg's cache would spend a microsecond a statement keeping count of them); whether a Parse went with
+    each."""
+    if own is None:  # the connection prepares nothing (behind a transaction pooler)
+        pgconn.send_query_params(begin.query, None)
+        pgconn.send_query_params(form.query, form.params, param_types=form.types)
+        return False, False
+    new = []
+    for q in (begin, form):
+        if q.name in own:
+            new.append(False)
+        else:
+            pgconn.send_prepare(q.name, q.query, param_types=q.types)
+            new.append(True)
         pgconn.send_query_prepared(q.name, q.params)
-        return False
-    pgconn.send_prepare(q.name, q.query, param_types=q.types)
-    pgconn.send_query_prepared(q.name, q.params)
-    return True
+    return new[0], new[1]
 
 
 #: the server has no such prepared statement, or has one by that name already
