@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import psycopg
 
-from common import one_cpu, postmaster_pid, row, section, servers, timed
+from common import one_cpu, postmaster_pid, row, section, servers, timed, two_cpus
 
 from pgidgen import pgbouncer, sandbox
 from pgidgen.config import Config
@@ -142,12 +142,18 @@ def compare(label: str, config: Config, plain_dsn: str, some_id: int, **plain_kw
                 row("1 thread: client CPU, Router.run write", m["rw cpu"], "us", m["bw cpu"], "of plain")
                 row("1 thread: client CPU, plain read", m["br cpu"], "us")
                 row("1 thread: client CPU, Router.run read_only", m["rr cpu"], "us", m["br cpu"], "of plain")
-        if label.startswith("direct, placed"):
+        if label.startswith("direct, client on CPU") or label.startswith("direct, placed"):
 
             def routed_locate() -> Callable[[int], Any]:
                 return lambda i: router.database_for(router.shard_for(i))
 
             row("shard_for + database_for (cached map)", interleaved(1, N, {"l": routed_locate})["l"], "us")
+
+
+def _apart(label: str, cpus: tuple[int, int] | None, server: str = "server") -> str:
+    if cpus is None:
+        return f"{label}, placed by the scheduler"
+    return f"{label}, client on CPU {cpus[0]}, {server} on CPU {cpus[1]}"
 
 
 def run() -> None:
@@ -161,7 +167,8 @@ def run() -> None:
         pm = postmaster_pid(srv[0])
         with one_cpu([pm]) as cpu:
             compare(f"direct, client and server on CPU {cpu}", config, srv[0].dsn, some_id)
-        compare("direct, placed by the scheduler", config, srv[0].dsn, some_id)
+        with two_cpus([pm]) as cpus:
+            compare(_apart("direct", cpus), config, srv[0].dsn, some_id)
         if pgbouncer.find() is None:
             section("through PgBouncer: skipped, pgbouncer is not installed (make deps installs it)")
         else:
@@ -173,7 +180,9 @@ def run() -> None:
                 with one_cpu([pm, bouncer.proc.pid]) as cpu:
                     compare(f"through PgBouncer (transaction mode), client, pgbouncer and server on CPU {cpu}", pooled, bouncer.dsn("db1"), some_id,
                             prepare_threshold=None)
-                compare("through PgBouncer (transaction mode), placed by the scheduler", pooled, bouncer.dsn("db1"), some_id, prepare_threshold=None)
+                with two_cpus([pm, bouncer.proc.pid]) as cpus:
+                    compare(_apart("through PgBouncer (transaction mode)", cpus, "pgbouncer and server"), pooled, bouncer.dsn("db1"), some_id,
+                            prepare_threshold=None)
             finally:
                 bouncer.stop()
                 shutil.rmtree(root, ignore_errors=True)

@@ -44,23 +44,42 @@ def one_cpu(pids: Sequence[int]) -> Iterator[int | None]:
     in one run raw libpq's three round trips measured 0.70x of plain psycopg's when all shared one CPU and 2.22x
     when the scheduler placed them. Two connections compared unpinned compare their luck; on one CPU both pay
     the same for a round trip and the ratio is the work each does."""
+    with _pinned(pids, apart=False) as cpus:
+        yield None if cpus is None else cpus[0]
+
+
+@contextmanager
+def two_cpus(pids: Sequence[int]) -> Iterator[tuple[int, int] | None]:
+    """As one_cpu, but this thread on one CPU and the processes pids on another: client and server apart, as on
+    two machines, the same for every connection compared (where the scheduler places them, each connection's
+    placement is its luck, see one_cpu); the two CPUs (None with fewer than two, or no affinity)."""
+    with _pinned(pids, apart=True) as cpus:
+        yield cpus
+
+
+@contextmanager
+def _pinned(pids: Sequence[int], *, apart: bool) -> Iterator[tuple[int, int] | None]:
     if not hasattr(os, "sched_setaffinity"):
         yield None
         return
     before = {pid: os.sched_getaffinity(pid) for pid in (0, *pids)}
+    if apart and len(before[0]) < 2:
+        yield None
+        return
     kids = {pid: _children(pid) for pid in pids}
-    cpu = max(before[0])
+    client = max(before[0])
+    server = min(before[0]) if apart else client
     try:
         for pid in before:
-            os.sched_setaffinity(pid, {cpu})
-        yield cpu
+            os.sched_setaffinity(pid, {client if pid == 0 else server})
+        yield client, server
     finally:
         for pid, cpus in before.items():
             # and a postmaster's backends forked in the block: a pgbouncer keeps its server connections from this
-            # pass to the next, which would otherwise measure them still on the one CPU
+            # pass to the next, which would otherwise measure them still pinned
             for p in [pid, *(_children(pid) - kids[pid] if pid else ())]:
                 try:
-                    if p == pid or os.sched_getaffinity(p) == {cpu}:
+                    if p == pid or os.sched_getaffinity(p) == {server}:
                         os.sched_setaffinity(p, cpus)
                 except OSError:
                     pass
