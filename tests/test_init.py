@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 import psycopg
 import pytest
@@ -186,30 +188,36 @@ def test_grant_on_existing_shards_narrows_older_grants(config: Config) -> None:
             conn.execute("DROP ROLE IF EXISTS pgidgen_old_app")
 
 
-def test_grant_lets_a_role_use_shards(config: Config) -> None:
+@contextmanager
+def granted_role(config: Config, role: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection acting as a new login role that `init --grant` granted on db1 (2 shards); the role dropped after."""
     with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
-        conn.execute("DROP ROLE IF EXISTS pgidgen_app_test")
-        conn.execute("CREATE ROLE pgidgen_app_test LOGIN")
+        conn.execute(f"DROP ROLE IF EXISTS {role}")
+        conn.execute(f"CREATE ROLE {role} LOGIN")
     try:
-        init(config, 2, ["db1"], grant_roles=["pgidgen_app_test"])
+        init(config, 2, ["db1"], grant_roles=[role])
         with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
-            conn.execute("SET ROLE pgidgen_app_test")
-            assert conn.execute("SELECT pgidgen.shard_of(shard_1.next_id())").fetchone()[0] == 1
-            assert conn.execute("SELECT count(*) FROM pgidgen.shards").fetchone()[0] == 2
-            # the slow path too (paced calls: the offset is raised to the clock), without UPDATE on the sequences
-            ids = [conn.execute("SELECT shard_1.next_id() FROM pg_sleep(0.002)").fetchone()[0] for _ in range(5)]
-            assert ids == sorted(ids) and len(set(ids)) == 5
-            assert conn.execute("SELECT has_sequence_privilege('shard_1.pgidgen_offset', 'UPDATE')").fetchone()[0] is False
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                conn.execute("SELECT setval('shard_1.pgidgen_offset', 1)")
-            # nor nextval on the offset: it would move it outside the generator lock (duplicates, or the offset back)
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                conn.execute("SELECT nextval('shard_1.pgidgen_offset')")
-            conn.execute("RESET ROLE")
-            conn.execute("DROP OWNED BY pgidgen_app_test")
+            conn.execute(f"SET ROLE {role}")
+            yield conn
     finally:
         with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
-            conn.execute("DROP ROLE IF EXISTS pgidgen_app_test")
+            conn.execute(f"DROP OWNED BY {role}")  # its grants too
+            conn.execute(f"DROP ROLE {role}")
+
+
+def test_grant_lets_a_role_use_shards(config: Config) -> None:
+    with granted_role(config, "pgidgen_app_test") as conn:
+        assert conn.execute("SELECT pgidgen.shard_of(shard_1.next_id())").fetchone()[0] == 1
+        assert conn.execute("SELECT count(*) FROM pgidgen.shards").fetchone()[0] == 2
+        # the slow path too (paced calls: the offset is raised to the clock), without UPDATE on the sequences
+        ids = [conn.execute("SELECT shard_1.next_id() FROM pg_sleep(0.002)").fetchone()[0] for _ in range(5)]
+        assert ids == sorted(ids) and len(set(ids)) == 5
+        assert conn.execute("SELECT has_sequence_privilege('shard_1.pgidgen_offset', 'UPDATE')").fetchone()[0] is False
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT setval('shard_1.pgidgen_offset', 1)")
+        # nor nextval on the offset: it would move it outside the generator lock (duplicates, or the offset back)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT nextval('shard_1.pgidgen_offset')")
 
 
 def test_a_granted_role_reads_the_map_version_and_cannot_bump_it(config: Config) -> None:
@@ -217,21 +225,11 @@ def test_a_granted_role_reads_the_map_version_and_cannot_bump_it(config: Config)
     nextval it and make every polling router reload the map (found by a review)."""
     from pgidgen.routing.mapcache import VERSION_SQL
 
-    with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
-        conn.execute("DROP ROLE IF EXISTS pgidgen_app_mv")
-        conn.execute("CREATE ROLE pgidgen_app_mv LOGIN")
-    try:
-        init(config, 2, ["db1"], grant_roles=["pgidgen_app_mv"])
-        with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
-            conn.execute("SET ROLE pgidgen_app_mv")
-            before = conn.execute(VERSION_SQL).fetchone()[0]
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                conn.execute("SELECT nextval('pgidgen.map_version')")
-            assert conn.execute(VERSION_SQL).fetchone()[0] == before
-    finally:
-        with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
-            conn.execute("DROP OWNED BY pgidgen_app_mv")
-            conn.execute("DROP ROLE IF EXISTS pgidgen_app_mv")
+    with granted_role(config, "pgidgen_app_mv") as conn:
+        before = conn.execute(VERSION_SQL).fetchone()[0]
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT nextval('pgidgen.map_version')")
+        assert conn.execute(VERSION_SQL).fetchone()[0] == before
 
 
 def test_json_report_and_progress_quiet(config_file: Path) -> None:
