@@ -10,7 +10,7 @@ from typing import Iterator
 import pytest
 from click.testing import CliRunner
 
-from pgidgen import sandbox
+from pgidgen import pgbin, sandbox
 from pgidgen.cli import main
 from pgidgen.config import write_config
 from pgidgen.layout import Layout
@@ -23,8 +23,13 @@ def standby() -> Iterator[sandbox.Server]:
     primary = sandbox.create_server(root, "primary")
     replica = sandbox.Server(name="standby", port=sandbox.free_port(), datadir=str(root / "standby"),
                              bindir=primary.bindir, version=primary.version)
+    # the server's own pg_basebackup, else the client tools' (a newer one backs up an older server): the npm
+    # registry's builds of 15-17 have no client programs
+    basebackup = Path(primary.bindir) / "pg_basebackup"
+    if not basebackup.is_file():
+        basebackup = pgbin.clients().bindir / "pg_basebackup"
     try:
-        sandbox._run([str(Path(primary.bindir) / "pg_basebackup"), "-D", replica.datadir, "-R", "-X", "stream",
+        sandbox._run([str(basebackup), "-D", replica.datadir, "-R", "-X", "stream",
                       "-c", "fast", "-d", f"host=127.0.0.1 port={primary.port} user={sandbox.SUPERUSER}"], what="pg_basebackup the standby")
         settings = Path(replica.datadir) / "postgresql.auto.conf"
         settings.write_text(settings.read_text() + f"port = {replica.port}\nunix_socket_directories = '{replica.datadir}'\n")
