@@ -19,6 +19,7 @@ from psycopg import adapt, generators, pq, sql
 from psycopg._preparing import Prepare
 
 from .ending import GONE, refuse_ending, refuse_sending
+from .nogil import pipeline_sync
 
 IN_UNIT = "commit() and rollback() are not allowed inside a Router unit of work: it commits when the block ends"
 
@@ -215,7 +216,7 @@ def claimed_execute_gen(self: Any, query: Any, params: Any, claim: Claim, prepar
         key = _send(pgconn, prepared, pgq, prep, name, fmt)
         if with_commit:  # not prepared: a COMMIT the server lost would fail after the statement ran
             pgconn.send_query_params(b"COMMIT", None)
-        pgconn.pipeline_sync()
+        pipeline_sync(pgconn)  # without the interpreter lock: nogil.py
         conn.commit_sent = with_commit
         yield from generators.send(pgconn)
         head = (yield from generators.fetch_many(pgconn)) if bnew else []
