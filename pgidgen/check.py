@@ -141,7 +141,7 @@ def server_findings(name: str, facts: Facts, *, clients: bool = True) -> list[Fi
     out: list[Finding] = []
     add = out.append
     v, role = facts.major, facts.role
-    qrole, qdb = quoted(role), quoted(facts.dbname)  # in the SQL a hint suggests: App_x or "my db" as written
+    qrole = quoted(role)  # in the SQL a hint suggests: App_x as written
     supported = pgbin.SUPPORTED
     if v in supported:
         add(Finding(name, "version", True, f"PostgreSQL {v}"))
