@@ -8,7 +8,8 @@ The same checks guard `move-shard` and `rebalance` before they journal anything 
   and a role that may replicate (REPLICATION, or a managed service's replication role);
 - for an online move into it (the target): a free logical replication worker, and a role that may CREATE
   SUBSCRIPTION (a superuser on 15; on 16+, a member of pg_create_subscription with CREATE on the database);
-- for init and apply-ddl: CREATE on the database (its owner has it);
+- for init and apply-ddl: CREATE on the database (its owner has it), and for init (and a move into a database
+  without a catalog) TEMPORARY, which hardened setups revoke from PUBLIC: idgen.check_argument_order's probe;
 - whether a target can reach a source: a CREATE SUBSCRIPTION that connects (create_slot = false, enabled =
   false) in a transaction that is rolled back, so the target server itself logs in to the source with the
   connection string a move would give it, password included. Nothing is left behind.
@@ -57,7 +58,8 @@ SELECT current_setting('server_version_num')::int, current_user, current_databas
            AND pg_catalog.pg_has_role(current_user, 'pg_create_subscription', 'USAGE'),
        coalesce(current_setting('max_active_replication_origins', true), current_setting('max_replication_slots'))::int,
        (SELECT count(DISTINCT subid) FROM pg_catalog.pg_stat_subscription)::int,
-       pg_catalog.pg_is_in_recovery()
+       pg_catalog.pg_is_in_recovery(),
+       pg_catalog.has_database_privilege(current_database(), 'TEMPORARY')
 FROM pg_catalog.pg_roles r WHERE r.rolname = current_user
 """
 
@@ -83,6 +85,7 @@ class Facts:
     max_origins: int  # replication origins a subscription's apply needs one of (max_replication_slots before 18)
     origins: int
     standby: bool  # in recovery: read-only, so neither init nor either end of a move can write there
+    temp_on_db: bool  # TEMPORARY: init's probe of the argument order (idgen.check_argument_order) creates temporary objects
 
     @classmethod
     def read(cls, conn: psycopg.Connection[Any]) -> "Facts":
@@ -138,7 +141,7 @@ def server_findings(name: str, facts: Facts, *, clients: bool = True) -> list[Fi
     out: list[Finding] = []
     add = out.append
     v, role = facts.major, facts.role
-    qrole, qdb = quoted(role), quoted(facts.dbname)  # in the SQL a hint suggests: App_x or "my db" as written
+    qrole = quoted(role)  # in the SQL a hint suggests: App_x as written
     supported = pgbin.SUPPORTED
     if v in supported:
         add(Finding(name, "version", True, f"PostgreSQL {v}"))
@@ -158,11 +161,7 @@ def server_findings(name: str, facts: Facts, *, clients: bool = True) -> list[Fi
             add(Finding(name, "pg_dump", True, f"pg_dump {inst.version} ({inst.source}: {inst.bindir})"))
     except PgidgenError as e:
         add(Finding(name, "pg_dump", False, e.what, e.hint, stops="move from"))
-    if facts.superuser or facts.create_on_db:
-        add(Finding(name, "init", True, f"role {role} may create schemas in {facts.dbname}" + (" (superuser)" if facts.superuser else "")))
-    else:
-        add(Finding(name, "init", False, f"role {role} may not create schemas in database {facts.dbname}",
-                    f"GRANT CREATE ON DATABASE {qdb} TO {qrole} (or make {role} the database's owner)", stops="init"))
+    add(_init_finding(name, facts))
     # an online move out of this database
     if facts.wal_level == "logical":
         add(Finding(name, "wal_level", True, "logical"))
@@ -204,6 +203,18 @@ def server_findings(name: str, facts: Facts, *, clients: bool = True) -> list[Fi
 
 def quoted(name: str) -> str:
     return sql.Identifier(name).as_string()
+
+
+def _init_finding(name: str, facts: Facts) -> Finding:
+    role, qrole, qdb = facts.role, quoted(facts.role), quoted(facts.dbname)
+    if facts.superuser or (facts.create_on_db and facts.temp_on_db):
+        return Finding(name, "init", True, f"role {role} may create schemas and temporary objects in {facts.dbname}"
+                       + (" (superuser)" if facts.superuser else ""))
+    lacks = [(w, g) for w, g, ok in (("schemas", f"GRANT CREATE ON DATABASE {qdb} TO {qrole}", facts.create_on_db),
+                                     ("temporary objects", f"GRANT TEMPORARY ON DATABASE {qdb} TO {qrole}", facts.temp_on_db)) if not ok]
+    why = "" if facts.temp_on_db else " (init checks the server's argument order with them)"
+    return Finding(name, "init", False, f"role {role} may not create {' or '.join(w for w, _ in lacks)} in database {facts.dbname}{why}",
+                   "; ".join(g for _, g in lacks) + f" (or make {role} the database's owner)", stops="init")
 
 
 def _subscription_finding(name: str, facts: Facts) -> Finding:

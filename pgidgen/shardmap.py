@@ -110,6 +110,15 @@ def build_map(states: dict[str, CatalogState], unreachable: dict[str, str] | Non
                     f"{name}: a generator sequence of {schema_name(s)} has CACHE > 1, so next_id() could repeat IDs: "
                     f"ALTER SEQUENCE {schema_name(s)}.pgidgen_counter CACHE 1 (and pgidgen_offset)"
                 )
+        count = st.shard_count if st.shard_count is not None else m.shard_count
+        beyond = [s for s in active if count is not None and s >= count]  # a row added by hand: no key or ID routes to it
+        if beyond:
+            many = len(beyond) > 1
+            m.problems.append(
+                f"{name}: shard{'s' if many else ''} {collapse(beyond)} {'are' if many else 'is'} active in the catalog but the"
+                f" shard count is {count} (shards 0-{count - 1}), so nothing routes to {'them' if many else 'it'}: delete"
+                f" {'their rows' if many else 'its row'} from pgidgen.shards (and the schema{'s' if many else ''}, once any data is saved)"
+            )
         stray = sorted(st.shard_schemas - set(st.shards))
         if stray:
             m.problems.append(f"{name}: schemas named like shards but not in pgidgen's catalog: {_names(stray)}")

@@ -220,3 +220,27 @@ def test_output_to_a_full_disk_is_a_one_line_error(args: list[str]) -> None:
         r = subprocess.run([sys.executable, "-m", "pgidgen", *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
     assert r.returncode == 1, r.stderr
     assert r.stderr == "Error: cannot write the output: No space left on device: free some space, or write it elsewhere\n", r.stderr
+
+
+@pytest.mark.parametrize("time_bits", [None, 41])  # the whole 63 bits, and a layout narrower than them
+def test_sql_readers_refuse_what_is_not_an_id(fresh_dsns: dict[str, str], time_bits: int | None) -> None:
+    """pgidgen.decode/shard_of/id_time/id_sequence masked a negative bigint (or one with bits above the layout's
+    fields) into some other ID's time, shard and sequence (-1 read as the last shard), where `pgidgen decode` and
+    Router.shard_of refuse it (found by a review): they raise 22003 with the Python side's message."""
+    L = Layout.make(shard_bits=10, sequence_bits=8, time_bits=time_bits)
+    init(Config(layout=L, databases={"db1": fresh_dsns["db1"]}), 2, ["db1"])
+    last = (1 << L.bits) - 1
+    bad = [-1, -(2**63)] + ([1 << L.bits, 2**63 - 1] if L.bits < 63 else [])
+    with psycopg.connect(fresh_dsns["db1"], autocommit=True) as conn:
+        for fn in ("decode", "shard_of", "id_time", "id_sequence"):
+            for value in bad:
+                with pytest.raises(psycopg.errors.NumericValueOutOfRange) as e:
+                    conn.execute(f"SELECT pgidgen.{fn}(%s::bigint)", (value,))
+                assert e.value.diag.message_primary == f"pgidgen: {L.not_an_id(value).what}", (fn, value)
+                assert "decode it with the layout that made it" in (e.value.diag.message_hint or "")
+        row = conn.execute("SELECT (pgidgen.decode(%(v)s)).*, pgidgen.shard_of(%(v)s), pgidgen.id_sequence(%(v)s)",
+                           {"v": last}).fetchone()
+        ms, shard, seq = L.decode(last)
+        assert row[1:] == (shard, seq, shard, seq) and row[1:3] == (L.max_shards - 1, L.ids_per_ms - 1)
+        assert conn.execute("SELECT pgidgen.shard_of(id) FROM (VALUES (0::bigint), (%s), (NULL)) AS v (id)", (last,)).fetchall() == [
+            (0,), (L.max_shards - 1,), (None,)]

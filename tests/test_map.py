@@ -84,3 +84,25 @@ def test_map_flags_a_config_layout_other_than_the_installed_one(config: Config, 
     r = CliRunner().invoke(main, ["--config", str(other), "map"])
     assert r.exit_code == 1
     assert "PROBLEM: the config's layout (epoch " in r.output and "is not the one installed" in r.output, r.output
+
+
+def test_map_flags_active_shards_beyond_the_shard_count(config: Config, config_file: Path) -> None:
+    """An active row for a shard at or above the layout's shard count (added by hand, or left by a catalog whose
+    count was lowered) was listed as served and map said ok, though no key or ID routes to it (found by a review)."""
+    init(config, 12, ["db1", "db2"])
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
+        conn.execute("INSERT INTO pgidgen.shards (shard, schema_name) VALUES (40, 'shard_40')")
+        conn.execute("CREATE SCHEMA shard_40")
+    for name in ("db1", "db2"):
+        with psycopg.connect(config.dsn(name), autocommit=True) as conn:
+            conn.execute("UPDATE pgidgen.layout SET shard_count = 10")
+    m = read_map(config)
+    assert m.problems == [
+        "db1: schema shard_40 is missing its next_id() function or a generator sequence",
+        "db1: shard 40 is active in the catalog but the shard count is 10 (shards 0-9), so nothing routes to it:"
+        " delete its row from pgidgen.shards (and the schema, once any data is saved)",
+        "db2: shards 10-11 are active in the catalog but the shard count is 10 (shards 0-9), so nothing routes to them:"
+        " delete their rows from pgidgen.shards (and the schemas, once any data is saved)",
+    ]
+    r = run_map(config_file)
+    assert r.exit_code == 1 and "PROBLEM: db2: shards 10-11 are active in the catalog but the shard count is 10" in r.stdout, r.stdout

@@ -21,7 +21,7 @@ from privkit import Grant, drop, least_privileged, names
 from conftest import TestServer, fresh_database
 from pgidgen import pgbin, sandbox
 from pgidgen.cli import main
-from pgidgen.config import write_config
+from pgidgen.config import Config, write_config
 from pgidgen.layout import Layout
 from pgidgen.routing import Router
 
@@ -356,3 +356,40 @@ def test_rebalance_checks_room_for_the_moves_it_runs_at_once(pg_servers: list[Te
         for gen in (a, b, c):
             gen.close()
         sandbox.destroy([server], root)
+
+
+def test_check_names_a_role_without_temporary(config: Config, tmp_path: Path) -> None:
+    """init probes the server's argument order with temporary objects (idgen.check_argument_order); on a database
+    whose TEMPORARY was revoked from PUBLIC, check said 'ok init' for a role with CREATE alone, and init then failed
+    (found by a review). check names the GRANT; with it, init works. Application roles need no TEMPORARY."""
+    dbname = psycopg.conninfo.conninfo_to_dict(config.dsn("db1"))["dbname"]
+    role = "pgidgen_check_notemp"
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute(f"DROP ROLE IF EXISTS {role}")
+        c.execute(f"CREATE ROLE {role} LOGIN")
+        c.execute(f'GRANT CREATE ON DATABASE "{dbname}" TO {role}')
+        c.execute(f'REVOKE TEMPORARY ON DATABASE "{dbname}" FROM PUBLIC')
+    try:
+        path = tmp_path / "notemp.toml"
+        write_config(path, config.layout, {"db1": psycopg.conninfo.make_conninfo(config.dsn("db1"), user=role)})
+        check = lambda: CliRunner().invoke(main, ["--config", str(path), "check", "--no-reach"])  # noqa: E731
+        r = check()
+        assert r.exit_code == 1
+        assert (f"db1: FAIL init: role {role} may not create temporary objects in database {dbname} (init checks the server's"
+                f' argument order with them): GRANT TEMPORARY ON DATABASE "{dbname}" TO "{role}" (or make {role} the'
+                " database's owner)\n") in r.output, r.output
+        assert CliRunner().invoke(main, ["--config", str(path), "init", "--shards", "2"]).exit_code == 1  # as check said
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+            c.execute(f'REVOKE CREATE ON DATABASE "{dbname}" FROM {role}')
+        assert (f"db1: FAIL init: role {role} may not create schemas or temporary objects in database {dbname} (init checks"
+                f" the server's argument order with them): GRANT CREATE ON DATABASE \"{dbname}\" TO \"{role}\"; GRANT TEMPORARY"
+                f' ON DATABASE "{dbname}" TO "{role}"') in check().output
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+            c.execute(f'GRANT CREATE, TEMPORARY ON DATABASE "{dbname}" TO {role}')
+        assert f"db1: ok init: role {role} may create schemas and temporary objects in {dbname}\n" in check().output
+        r = CliRunner().invoke(main, ["--config", str(path), "init", "--shards", "2"])
+        assert r.exit_code == 0, r.output
+    finally:
+        with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+            c.execute(f"DROP OWNED BY {role}")
+            c.execute(f"DROP ROLE IF EXISTS {role}")
