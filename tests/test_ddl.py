@@ -228,6 +228,22 @@ def test_sql_prints_per_database_without_connecting(tmp_path: Path, schema_file:
     assert res.output == "Error: --sql needs --shards N: --sql does not connect, so it renders for shards spread as init --shards N spreads them\n"
 
 
+def test_sql_commits_where_commit_every_would(sharded: Config, config_file: Path, schema_file: Path) -> None:
+    """--sql --commit-every N prints the COMMITs a live run makes: run as printed, each shard is its own transaction."""
+    res = cli(config_file, "apply-ddl", str(schema_file), "--sql", "--shards", str(SHARDS), "--commit-every", "1")
+    assert res.exit_code == 0, res.output
+    for part in res.output.split("-- ===== database ")[1:]:
+        db, _, sql = part.partition(" =====\n")
+        execute(sharded, db, sql)
+    for db, shard in (("db1", 0), ("db2", 3), ("db3", 5)):
+        assert tables(sharded, db, shard) == ["likes", "photos"]
+        assert query(sharded, db, "SELECT count(DISTINCT xmin::text), count(*) FROM pgidgen.ddl_ledger") == [(2, 2)]
+    assert cli(config_file, "apply-ddl", str(schema_file)).output.splitlines()[0] == "db1: up to date: 2 shards already have schema.sql (#1)"
+    assert cli(config_file, "apply-ddl", str(schema_file), "--sql", "--shards", "2", "--commit-every", "0").output == (
+        "Error: --commit-every must be at least 1: give the number of shards per transaction, e.g. 200\n"
+    )
+
+
 def test_every_database_must_be_reachable(sharded: Config, tmp_path: Path, schema_file: Path) -> None:
     config_file = tmp_path / "partial.toml"
     write_config(config_file, Layout.make(), {**sharded.databases, "db4": "postgresql://nobody@127.0.0.1:1/x"})
