@@ -3,11 +3,14 @@ all-or-nothing across databases, drift, --sql, and refusals, against real server
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from pgidgen.cli import main
 from pgidgen.config import Config, write_config
@@ -254,6 +257,35 @@ def test_every_database_must_be_reachable(sharded: Config, tmp_path: Path, schem
         ": apply-ddl reads every configured database (the order of DDL files is global): bring it back, or remove it from the config\n"
     )
     assert tables(sharded, "db1", 0) == []
+
+
+def test_a_role_without_rights_on_the_shards_is_told_so(sharded: Config, tmp_path: Path, schema_file: Path) -> None:
+    """A role that reads and writes the ledger but may not create in the shards: told whose rights it needs."""
+    role = f"ddl_weak_{uuid.uuid4().hex[:8]}"
+    try:
+        for dsn in sharded.databases.values():
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("DO $$ BEGIN CREATE ROLE {} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$").format(sql.Identifier(role)))
+                conn.execute(sql.SQL("GRANT USAGE ON SCHEMA pgidgen TO {r}; GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA pgidgen TO {r}").format(
+                    r=sql.Identifier(role)))
+        weak = tmp_path / "weak.toml"
+        write_config(weak, Layout.make(), {db: make_conninfo(dsn, user=role) for db, dsn in sharded.databases.items()})
+        res = cli(weak, "apply-ddl", str(schema_file), "--databases", "db2")
+        assert res.exit_code == 1
+        assert res.output.splitlines() == [
+            "db2: failed, rolled back: database db2 failed in shard_2 at statement 1 (CREATE TABLE) of schema.sql:1:1: permission denied for "
+            "schema shard_2 [SQLSTATE 42501]: nothing was applied anywhere (rolled back); the config's role for db2 lacks the rights to change "
+            "the shards: run apply-ddl as the role that ran init (it owns the shards and pgidgen's catalog)",
+            "Error: 1 of 1 databases failed (db2)",
+        ]
+        assert tables(sharded, "db2", 2) == [] and query(sharded, "db2", "SELECT count(*) FROM pgidgen.ddl_files") == [(0,)]
+    finally:
+        for dsn in sharded.databases.values():
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        for dsn in sharded.databases.values():  # roles belong to the server, whichever the databases share
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
 def test_shards_being_moved_are_refused(sharded: Config, config_file: Path, schema_file: Path) -> None:
