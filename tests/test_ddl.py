@@ -315,6 +315,21 @@ def test_missing_file(config_file: Path, tmp_path: Path) -> None:
     assert res.output == f"Error: file {tmp_path / 'nope.sql'} does not exist: give the path of a .sql file\n"
 
 
+def test_a_byte_order_mark_is_skipped_and_a_nul_byte_refused(sharded: Config, config_file: Path, tmp_path: Path) -> None:
+    path = tmp_path / "bom.sql"
+    path.write_bytes(b"\xef\xbb\xbf" + SCHEMA.encode())
+    res = cli(config_file, "apply-ddl", str(path), "--databases", "db1")
+    assert res.exit_code == 0, res.output
+    assert query(sharded, "db1", "SELECT source FROM pgidgen.ddl_files") == [(SCHEMA,)]
+    path = tmp_path / "nul.sql"
+    path.write_bytes(b"CREATE TABLE tags (tag text);\nCREATE TABLE a (x int);\x00\nCREATE TABLE b (y int);\n")
+    res = cli(config_file, "apply-ddl", str(path))
+    assert res.exit_code == 1
+    assert res.output == ("Error: nul.sql holds a NUL byte (nul.sql:2:24): a SQL file is text: remove the NUL byte (a file saved as UTF-16 is"
+                          " full of them: save it as UTF-8)\n")
+    assert tables(sharded, "db2", 2) == [] and query(sharded, "db1", "SELECT count(*) FROM pgidgen.ddl_files") == [(1,)]
+
+
 def test_commit_every_resumes_where_it_stopped(sharded: Config, config_file: Path, schema_file: Path) -> None:
     execute(sharded, "db2", "CREATE TABLE shard_3.likes (x int)")
     res = cli(config_file, "apply-ddl", str(schema_file), "--commit-every", "1")

@@ -583,6 +583,10 @@ def _choose_placeholder(source: str, raws: tuple[ast.RawStmt, ...]) -> str:
 
 def parse_file(source: str, name: str) -> ShardedFile:
     """Parse and check a whole file; the first statement pgidgen cannot shard is an error naming its position."""
+    nul = source.find("\0")
+    if nul >= 0:  # the parser would stop there silently, and PostgreSQL cannot store the text in the ledger
+        raise InputError(f"{name} holds a NUL byte", where="{}:{}:{}".format(name, *line_col(source, nul)),
+                         hint="a SQL file is text: remove the NUL byte (a file saved as UTF-16 is full of them: save it as UTF-8)")
     try:
         raws = parse_sql(source)
     except ParseError as e:
