@@ -342,7 +342,7 @@ def apply_ddl_cmd(
     if sql_only:
         if shards is None:
             raise ConfigError("--sql needs --shards N", hint="--sql does not connect, so it renders for shards spread as init --shards N spreads them")
-        print_sql(render_apply(offline_plan(config, parsed, shards, config.select(databases))))
+        print_sql(render_apply(offline_plan(config, parsed, shards, config.select(databases), commit_every=commit_every)))
         return
     bar = Bar(interactive(as_json), f"applying {parsed.name}")
     try:

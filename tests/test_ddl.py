@@ -3,11 +3,14 @@ all-or-nothing across databases, drift, --sql, and refusals, against real server
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from pgidgen.cli import main
 from pgidgen.config import Config, write_config
@@ -228,6 +231,22 @@ def test_sql_prints_per_database_without_connecting(tmp_path: Path, schema_file:
     assert res.output == "Error: --sql needs --shards N: --sql does not connect, so it renders for shards spread as init --shards N spreads them\n"
 
 
+def test_sql_commits_where_commit_every_would(sharded: Config, config_file: Path, schema_file: Path) -> None:
+    """--sql --commit-every N prints the COMMITs a live run makes: run as printed, each shard is its own transaction."""
+    res = cli(config_file, "apply-ddl", str(schema_file), "--sql", "--shards", str(SHARDS), "--commit-every", "1")
+    assert res.exit_code == 0, res.output
+    for part in res.output.split("-- ===== database ")[1:]:
+        db, _, sql = part.partition(" =====\n")
+        execute(sharded, db, sql)
+    for db, shard in (("db1", 0), ("db2", 3), ("db3", 5)):
+        assert tables(sharded, db, shard) == ["likes", "photos"]
+        assert query(sharded, db, "SELECT count(DISTINCT xmin::text), count(*) FROM pgidgen.ddl_ledger") == [(2, 2)]
+    assert cli(config_file, "apply-ddl", str(schema_file)).output.splitlines()[0] == "db1: up to date: 2 shards already have schema.sql (#1)"
+    assert cli(config_file, "apply-ddl", str(schema_file), "--sql", "--shards", "2", "--commit-every", "0").output == (
+        "Error: --commit-every must be at least 1: give the number of shards per transaction, e.g. 200\n"
+    )
+
+
 def test_every_database_must_be_reachable(sharded: Config, tmp_path: Path, schema_file: Path) -> None:
     config_file = tmp_path / "partial.toml"
     write_config(config_file, Layout.make(), {**sharded.databases, "db4": "postgresql://nobody@127.0.0.1:1/x"})
@@ -238,6 +257,35 @@ def test_every_database_must_be_reachable(sharded: Config, tmp_path: Path, schem
         ": apply-ddl reads every configured database (the order of DDL files is global): bring it back, or remove it from the config\n"
     )
     assert tables(sharded, "db1", 0) == []
+
+
+def test_a_role_without_rights_on_the_shards_is_told_so(sharded: Config, tmp_path: Path, schema_file: Path) -> None:
+    """A role that reads and writes the ledger but may not create in the shards: told whose rights it needs."""
+    role = f"ddl_weak_{uuid.uuid4().hex[:8]}"
+    try:
+        for dsn in sharded.databases.values():
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("DO $$ BEGIN CREATE ROLE {} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$").format(sql.Identifier(role)))
+                conn.execute(sql.SQL("GRANT USAGE ON SCHEMA pgidgen TO {r}; GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA pgidgen TO {r}").format(
+                    r=sql.Identifier(role)))
+        weak = tmp_path / "weak.toml"
+        write_config(weak, Layout.make(), {db: make_conninfo(dsn, user=role) for db, dsn in sharded.databases.items()})
+        res = cli(weak, "apply-ddl", str(schema_file), "--databases", "db2")
+        assert res.exit_code == 1
+        assert res.output.splitlines() == [
+            "db2: failed, rolled back: database db2 failed in shard_2 at statement 1 (CREATE TABLE) of schema.sql:1:1: permission denied for "
+            "schema shard_2 [SQLSTATE 42501]: nothing was applied anywhere (rolled back); the config's role for db2 lacks the rights to change "
+            "the shards: run apply-ddl as the role that ran init (it owns the shards and pgidgen's catalog)",
+            "Error: 1 of 1 databases failed (db2)",
+        ]
+        assert tables(sharded, "db2", 2) == [] and query(sharded, "db2", "SELECT count(*) FROM pgidgen.ddl_files") == [(0,)]
+    finally:
+        for dsn in sharded.databases.values():
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        for dsn in sharded.databases.values():  # roles belong to the server, whichever the databases share
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
 def test_shards_being_moved_are_refused(sharded: Config, config_file: Path, schema_file: Path) -> None:
@@ -265,6 +313,21 @@ def test_databases_option_and_json(sharded: Config, config_file: Path, schema_fi
 def test_missing_file(config_file: Path, tmp_path: Path) -> None:
     res = cli(config_file, "apply-ddl", str(tmp_path / "nope.sql"))
     assert res.output == f"Error: file {tmp_path / 'nope.sql'} does not exist: give the path of a .sql file\n"
+
+
+def test_a_byte_order_mark_is_skipped_and_a_nul_byte_refused(sharded: Config, config_file: Path, tmp_path: Path) -> None:
+    path = tmp_path / "bom.sql"
+    path.write_bytes(b"\xef\xbb\xbf" + SCHEMA.encode())
+    res = cli(config_file, "apply-ddl", str(path), "--databases", "db1")
+    assert res.exit_code == 0, res.output
+    assert query(sharded, "db1", "SELECT source FROM pgidgen.ddl_files") == [(SCHEMA,)]
+    path = tmp_path / "nul.sql"
+    path.write_bytes(b"CREATE TABLE tags (tag text);\nCREATE TABLE a (x int);\x00\nCREATE TABLE b (y int);\n")
+    res = cli(config_file, "apply-ddl", str(path))
+    assert res.exit_code == 1
+    assert res.output == ("Error: nul.sql holds a NUL byte (nul.sql:2:24): a SQL file is text: remove the NUL byte (a file saved as UTF-16 is"
+                          " full of them: save it as UTF-8)\n")
+    assert tables(sharded, "db2", 2) == [] and query(sharded, "db1", "SELECT count(*) FROM pgidgen.ddl_files") == [(1,)]
 
 
 def test_commit_every_resumes_where_it_stopped(sharded: Config, config_file: Path, schema_file: Path) -> None:

@@ -151,6 +151,8 @@ def room(budget: LockBudget, sharing: int) -> int:
 def size_all(work: Mapping[str, Mapping[int, Sequence[FileVersion]]], budgets: Mapping[str, LockBudget],
              commit_every: int | None) -> dict[str, Sizing]:
     """Each database's Sizing: --commit-every when given, otherwise what its server's lock table holds."""
+    if commit_every:  # no lock table needed (--sql reads none)
+        return {name: Sizing(len(shards), commit_every, chosen=True) for name, shards in work.items() if shards}
     out: dict[str, Sizing] = {}
     sharing: dict[str, int] = {}
     for name, shards in work.items():
@@ -158,9 +160,6 @@ def size_all(work: Mapping[str, Mapping[int, Sequence[FileVersion]]], budgets: M
             sharing[budgets[name].server] = sharing.get(budgets[name].server, 0) + 1
     for name, shards in work.items():
         if not shards:
-            continue
-        if commit_every:
-            out[name] = Sizing(len(shards), commit_every, chosen=True)
             continue
         b = budgets[name]
         out[name] = sizing = Sizing(len(shards), len(shards), capacity=b.capacity, room=room(b, sharing[b.server]))

@@ -6,7 +6,9 @@ generator), and it is deparsed on its own. Rendering a shard is then a string re
 so 2000 shards cost 2000 replacements, not 2000 parses.
 
 Rules, in one place:
-- every unqualified relation, and every function or type the file itself creates, goes into the shard;
+- every unqualified relation, and every function or type the file itself creates, goes into the shard; only
+  references to `pg_*` relations stay unqualified (system catalogs and views such as pg_class, pg_stat_activity:
+  the shard's search_path reaches pg_catalog after the shard);
 - `next_id()` is the shard's generator;
 - relations qualified by the user (`public.countries`) stay as written, but may only be *referenced*: a
   statement that would create or change them would run once per shard;
@@ -276,8 +278,8 @@ class _Qualifier(Visitor):  # type: ignore[misc]
             return
         if node.relpersistence == "t":
             raise Refused("it creates a temporary table", "temporary tables are per session, not per shard: leave them out of sharded files")
-        if id(node) not in self.targets and node.relname in self.ctes:
-            return
+        if id(node) not in self.targets and (node.relname in self.ctes or node.relname.startswith("pg_")):
+            return  # a CTE, or a system catalog or view: the shard's search_path finds a shard's own pg_* name first
         node.schemaname = self.placeholder
         self.inserted += 1
 
@@ -581,6 +583,10 @@ def _choose_placeholder(source: str, raws: tuple[ast.RawStmt, ...]) -> str:
 
 def parse_file(source: str, name: str) -> ShardedFile:
     """Parse and check a whole file; the first statement pgidgen cannot shard is an error naming its position."""
+    nul = source.find("\0")
+    if nul >= 0:  # the parser would stop there silently, and PostgreSQL cannot store the text in the ledger
+        raise InputError(f"{name} holds a NUL byte", where="{}:{}:{}".format(name, *line_col(source, nul)),
+                         hint="a SQL file is text: remove the NUL byte (a file saved as UTF-16 is full of them: save it as UTF-8)")
     try:
         raws = parse_sql(source)
     except ParseError as e:

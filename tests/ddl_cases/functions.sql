@@ -29,3 +29,9 @@ CREATE TABLE notes (id bigint PRIMARY KEY DEFAULT next_id());
 CREATE FUNCTION note_count() RETURNS bigint LANGUAGE plpgsql STABLE AS $$ BEGIN RETURN (SELECT count(*) FROM notes); END $$;
 -- check: WITH i AS (INSERT INTO {shard}.notes SELECT FROM generate_series(1, {n}) RETURNING id) SELECT count(*) FROM i => {n}
 -- check: SELECT {shard}.note_count() => {n}
+
+-- System catalogs and views stay unqualified: the shard's search_path reaches pg_catalog after the shard.
+CREATE VIEW catalog_rows AS SELECT relname FROM pg_class WHERE relname = 'pg_class';
+CREATE FUNCTION catalog_tables() RETURNS bigint LANGUAGE sql STABLE AS 'SELECT count(*) FROM pg_tables WHERE tablename = ''pg_class''';
+-- check: SELECT relname::text FROM {shard}.catalog_rows => pg_class
+-- check: SELECT {shard}.catalog_tables() => 1
