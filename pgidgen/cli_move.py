@@ -248,7 +248,7 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
         from .shardmap import read_map
 
         now = read_map(config)  # as the databases report it: a move that failed past its flip left its shard on the target
-        click.echo("\n".join(result.lines(now.databases, list(now.unreachable), now.bytes) + result.plan.lines()[len(result.plan.before) + len(result.plan.moves):]))
+        click.echo("\n".join(result.lines(now.databases, list(now.unreachable), now.bytes) + result.plan.tail()))
     else:
         click.echo(json.dumps(result.as_dict(), indent=2))
     if interrupted:

@@ -96,6 +96,34 @@ def test_rebalance_drop_source_leaves_no_retired_copy(config: Config, config_fil
     assert leftovers(config.databases) == []
 
 
+def test_dry_run_after_an_interrupted_rebalance_shows_the_plan_the_next_run_follows(config: Config, config_file: Path) -> None:
+    """A run first finishes the moves an earlier rebalance left unfinished, then plans: its dry run says so and
+    plans from there (found by a review: it left shards 2-3 "in the middle of a move" on db1 and planned moves of
+    shards 1 and 7 to db3, while the run finished 2-3 onto db3 and moved shard 7 to db1)."""
+    setup_shards(config, rows=20)
+    with pytest.raises(Crash):
+        rebalance(config, ["db1", "db3"], parallel=1, by="count", hook=crash_at("cutover"))
+    res = cli(config_file, "rebalance", "--by", "count", "--dry-run")
+    assert res.exit_code == 0, res.output
+    planned = no_bytes(res.output)
+    assert planned == [
+        "db1: 4 shards -> 3 shards (0-1,7)", "db2: 4 shards -> 3 shards (4-6)", "db3: 0 shards -> 2 shards (2-3)",
+        "finish the move of shards 2-3: db1 -> db3 (left unfinished by an earlier rebalance; from its journal, first)",
+        "move shard 7: db2 -> db1",
+        "in 1 batch (one replication stream and one write pause each), at most 2 at a time:", "  db2 -> db1: 1 shard (7)",
+    ], res.output
+    data = json.loads(cli(config_file, "rebalance", "--by", "count", "--dry-run", "--json").output)
+    assert data["finishing"] == [{"shard": 2, "source": "db1", "target": "db3"}, {"shard": 3, "source": "db1", "target": "db3"}]
+    assert data["moves"] == [{"shard": 7, "source": "db2", "target": "db1"}] and data["after"] == {"db1": 3, "db2": 3, "db3": 2}
+    assert {n: s for n, s in read_map(config).databases.items()} == {"db1": [0, 1, 2, 3], "db2": [4, 5, 6, 7], "db3": []}  # nothing written
+    res = cli(config_file, "rebalance", "--by", "count")
+    assert res.exit_code == 0, res.output
+    assert "shards 2-3: db1 -> db3: resumed, done" in res.output and "shards 7: db2 -> db1: done" in res.output, res.output
+    assert read_map(config).databases == {"db1": [0, 1, 7], "db2": [4, 5, 6], "db3": [2, 3]}
+    assert no_bytes(cli(config_file, "rebalance", "--by", "count").output)[-1] == "nothing to do: the shards are spread evenly"
+    assert leftovers(config.databases) == []
+
+
 def test_drop_source_keeps_a_copy_its_resumed_verification_found_different(config: Config, config_file: Path) -> None:
     """A rebalance stopped before its verification is finished by the next `rebalance --drop-source`; a row the
     target lost since the flip makes the resumed verification differ: the source copy stays (it is what the

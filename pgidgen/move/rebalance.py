@@ -68,6 +68,9 @@ class RebalancePlan:
     moves: list[PlannedMove] = field(default_factory=list)
     #: shards in the middle of a move, where they serve from: left where they are
     midmove: dict[int, str] = field(default_factory=dict)
+    #: the moves an earlier rebalance left unfinished, which a run finishes first (from their journals): the plan
+    #: counts their shards on their targets, and moves them no further
+    finishing: list[PlannedMove] = field(default_factory=list)
     #: shards that would have evened the spread but whose retired copy is still on the database short of shards
     blocked: dict[int, str] = field(default_factory=dict)
     by: str = "count"
@@ -97,6 +100,7 @@ class RebalancePlan:
             "after": {n: len(s) for n, s in self.after.items()},
             "bytes_before": {n: self.bytes_of(s) for n, s in self.before.items()},
             "bytes_after": {n: self.bytes_of(s) for n, s in self.after.items()},
+            "finishing": [m.as_dict() for m in self.finishing],
             "moves": [m.as_dict() for m in self.moves],
             "left_mid_move": [{"shard": s, "database": n} for s, n in sorted(self.midmove.items())],
             "blocked_by_retired_copy": [{"shard": s, "database": n} for s, n in sorted(self.blocked.items())],
@@ -106,8 +110,18 @@ class RebalancePlan:
 
     def lines(self) -> list[str]:
         out = [f"{n}: {self._held(self.before[n])} -> {self._held(self.after[n])} ({collapse(self.after[n]) or '-'})" for n in self.before]
+        pairs: dict[tuple[str, str], list[int]] = {}
+        for m in self.finishing:
+            pairs.setdefault((m.source, m.target), []).append(m.shard)
+        out += [f"finish the move of shard{'s' if len(v) > 1 else ''} {collapse(v)}: {src} -> {tgt} (left unfinished by an earlier rebalance;"
+                " from its journal, first)" for (src, tgt), v in pairs.items()]
         out += [f"move shard {m.shard}: {m.source} -> {m.target}" + (f" ({human(self.sizes.get(m.shard, 0))})" if self.sizes else "")
                 for m in self.moves]
+        return out + self.tail()
+
+    def tail(self) -> list[str]:
+        """The lines after the moves: their batches (a dry run's), what stays where it is, and whether it evens out."""
+        out = []
         if self.batches:
             n = len(self.batches)
             out.append(f"in {n} batch{'es' if n != 1 else ''} (one replication stream and one write pause each), at most {self.parallel} at a time:")
@@ -121,7 +135,7 @@ class RebalancePlan:
             why = "; ".join(f"{n} still holds the retired copies of shards {collapse(v)}" if len(v) > 1 else f"{n} still holds the retired copy of shard {v[0]}"
                             for n, v in by_db.items())
             out.append("not spread evenly: " + (why + " ('pgidgen move-shard --cleanup N' drops it)" if why else "shards in the middle of a move stay where they are"))
-        elif not self.moves:
+        elif not self.moves and not self.finishing:
             out.append("nothing to do: the shards are spread evenly")
         return out
 
@@ -156,8 +170,10 @@ class RebalanceResult:
                 for n, before in self.plan.before.items()]
 
 
-def plan_rebalance(config: Config, databases: Sequence[str] | None = None, *, by: str = "size") -> RebalancePlan:
-    """by="size": even out the bytes on disk; by="count": the number of shards."""
+def plan_rebalance(config: Config, databases: Sequence[str] | None = None, *, by: str = "size", finished: Sequence[int] = ()) -> RebalancePlan:
+    """by="size": even out the bytes on disk; by="count": the number of shards. The moves an earlier rebalance
+    left unfinished count as finished (a run finishes them before it plans: the dry run shows the plan it makes
+    then); their shards, and those of finished (what this run finished), move no further in this plan."""
     if by not in ("size", "count"):
         raise ConfigError(f"--by {by!r}: rebalance plans by size or by count")
     names = config.select(list(databases) if databases else None)
@@ -172,18 +188,46 @@ def plan_rebalance(config: Config, databases: Sequence[str] | None = None, *, by
     retired = {n: {s for s, st in states[n].shards.items() if st == "retired"} for n in names}
     found, _ = read_each(config, names, read_sizes)
     sizes = {s: z.bytes for n in names for s, z in found[n].items() if s in set(held[n])}
+    finishing = [PlannedMove(s, source, target) for _, shards, source, target in unfinished_moves(config, names, states) for s in shards]
+    before = {n: list(v) for n, v in held.items()}
+    for m in finishing:  # where the run finds them once it has finished their moves
+        midmove.pop(m.shard, None)
+        for n in names:
+            if m.shard in held[n]:
+                held[n].remove(m.shard)
+        if m.target in held:
+            held[m.target] = sorted([*held[m.target], m.shard])
+    fixed = set(midmove) | {m.shard for m in finishing} | set(finished)
     if by == "count":
-        plan = spread(names, held, fixed=set(midmove), retired=retired, midmove=midmove)
+        plan = spread(names, held, fixed=fixed, retired=retired, midmove=midmove)
     else:
-        moves, blocked = spread_bytes(names, held, sizes, fixed=set(midmove), retired=retired)
+        moves, blocked = spread_bytes(names, held, sizes, fixed=fixed, retired=retired)
         after = {n: set(v) for n, v in held.items()}
         for s, d, r in moves:
             after[d].discard(s)
             after[r].add(s)
         plan = RebalancePlan(before={n: sorted(v) for n, v in held.items()}, after={n: sorted(v) for n, v in after.items()},
                              moves=sorted((PlannedMove(*m) for m in moves), key=lambda m: m.shard), midmove=dict(midmove), blocked=blocked)
-    plan.by, plan.sizes = by, sizes
+    plan.by, plan.sizes, plan.before, plan.finishing = by, sizes, before, sorted(finishing, key=lambda m: m.shard)
     return plan
+
+
+def unfinished_moves(config: Config, names: Sequence[str], states: dict[str, Any]) -> list[tuple[int, list[int], str, str]]:
+    """The moves an earlier rebalance started and did not finish, from the journals of the named databases (their
+    sources), oldest first: (the shard its journal row names, its batch's shards, source, target)."""
+    out: list[tuple[int, list[int], str, str]] = []
+    for name in names:
+        if not states[name].has_catalog:
+            continue
+        conn = connect(name, config.dsn(name), autocommit=True)
+        try:
+            if has_journal(conn):
+                out += [(int(r[0]), [int(s) for s in (r[3] or {}).get("shards") or [r[0]]], str(r[1]), str(r[2])) for r in conn.execute(
+                    "SELECT shard, source, target, detail FROM pgidgen.moves WHERE status IN ('running', 'failed')"
+                    " AND detail ->> 'origin' = 'rebalance' ORDER BY move_id")]
+        finally:
+            conn.close()
+    return out
 
 
 def spread(
@@ -281,7 +325,7 @@ def _rebalance(
     on_plan: Callable[[RebalancePlan], None] | None = None,
 ) -> RebalanceResult:
     resumed = _finish_interrupted(config, databases, options, on_batch, stop, journaled_pause)
-    plan = plan_rebalance(config, databases, by=by)
+    plan = plan_rebalance(config, databases, by=by, finished=[s for r in resumed for s in r.shards])
     if on_plan is not None:
         on_plan(plan)
     result = RebalanceResult(plan, reports=resumed)
@@ -384,19 +428,8 @@ def _finish_interrupted(
     until stop is set."""
     names = config.select(list(databases) if databases else None)
     states, _ = read_states(config, need=tuple(names))
-    open_by_rebalance: list[int] = []
-    for name in names:
-        if not states[name].has_catalog:
-            continue
-        conn = connect(name, config.dsn(name), autocommit=True)
-        try:
-            if has_journal(conn):
-                open_by_rebalance += [int(r[0]) for r in conn.execute(
-                    "SELECT shard FROM pgidgen.moves WHERE status IN ('running', 'failed') AND detail ->> 'origin' = 'rebalance' ORDER BY move_id")]
-        finally:
-            conn.close()
     reports = []
-    for shard in open_by_rebalance:
+    for shard, _, _, _ in unfinished_moves(config, names, states):
         if stop.is_set():
             break
         opts = MoveOptions(**vars(options)) if options else MoveOptions()
