@@ -189,7 +189,7 @@ def _move_command(ctx: click.Context, shards: str, target: str) -> str:
 
 
 @main.command("rebalance")
-@click.option("--databases", metavar="NAMES", help="Comma-separated databases to spread the shards over (default: all).")
+@click.option("--databases", metavar="NAMES", help="Comma-separated databases to spread the shards over, two or more (default: all).")
 @click.option("--parallel", type=int, default=2, show_default=True, help="How many moves run at once.")
 @click.option("--max-pause", default="1s", show_default=True, metavar="DURATION", help="Longest write pause of each move's cutover.")
 @click.option("--offline", is_flag=True, help="Move every shard offline (dump and restore under a write lock): for sources without logical replication, or shards with unlogged tables.")

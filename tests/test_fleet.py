@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner, Result
 from movekit import leftovers
-from moveshards import Crash, crash_at, no_bytes, quick_subscription_start, setup_shards  # noqa: F401 - the fixture applies here too
+from moveshards import Crash, crash_at, journal_statuses, no_bytes, quick_subscription_start, setup_shards  # noqa: F401 - the fixture applies here too
 
 from pgidgen.cli import main
 from pgidgen.config import Config
@@ -121,6 +121,22 @@ def test_dry_run_after_an_interrupted_rebalance_shows_the_plan_the_next_run_foll
     assert "shards 2-3: db1 -> db3: resumed, done" in res.output and "shards 7: db2 -> db1: done" in res.output, res.output
     assert read_map(config).databases == {"db1": [0, 1, 7], "db2": [4, 5, 6], "db3": [2, 3]}
     assert no_bytes(cli(config_file, "rebalance", "--by", "count").output)[-1] == "nothing to do: the shards are spread evenly"
+    assert leftovers(config.databases) == []
+
+
+def test_rebalance_over_one_database_is_refused(config: Config, config_file: Path) -> None:
+    """Over one database the shards are always "even": `--databases db1` (or db1 twice) said "nothing to do: the
+    shards are spread evenly" and exit 0 (found by a review), to a user who meant to spread them."""
+    setup_shards(config, rows=5)
+    with pytest.raises(Crash):  # an unfinished move a run would resume first: the refusal comes before it
+        rebalance(config, ["db1", "db3"], parallel=1, by="count", hook=crash_at("cutover"))
+    for args in (["--databases", "db1"], ["--databases", "db1,db1", "--dry-run"], ["--databases", " db2 ,", "--json"]):
+        res = cli(config_file, "rebalance", *args)
+        name = "db2" if "db2" in args[1] else "db1"
+        assert (res.exit_code, res.output) == (1, f"Error: rebalance spreads the shards over two or more databases, not {name} alone: name them"
+                                                  " all, like --databases db1,db2 (a new database goes in the config's [databases] first)\n"), args
+    assert journal_statuses(config.databases) == {"failed": 1}  # the crashed move, neither resumed nor another journaled
+    assert cli(config_file, "rebalance", "--by", "count", "--databases", "db1,db3").exit_code == 0
     assert leftovers(config.databases) == []
 
 

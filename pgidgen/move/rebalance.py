@@ -176,7 +176,7 @@ def plan_rebalance(config: Config, databases: Sequence[str] | None = None, *, by
     then); their shards, and those of finished (what this run finished), move no further in this plan."""
     if by not in ("size", "count"):
         raise ConfigError(f"--by {by!r}: rebalance plans by size or by count")
-    names = config.select(list(databases) if databases else None)
+    names = spread_over(config, databases)
     states, _ = read_states(config, need=tuple(names))
     # a shard mid-move counts where it serves: its source until the flip ('moving'), then its target ('incoming')
     midmove = {s: n for n in names for s, st in states[n].shards.items() if st == "moving"}
@@ -302,6 +302,7 @@ def rebalance(
     journaled_pause: a move finished from its journal keeps the --max-pause it started with (resume_move).
     on_plan(plan): the plan, made once those moves are finished (before the first of its batches starts)."""
     _check_parallel(parallel)
+    spread_over(config, databases)
     result, interrupted = run_stoppable(lambda stop: _rebalance(config, databases, parallel=parallel, options=options, on_done=on_done,
                                                                 on_batch=on_batch, hook=hook, by=by, stop=stop, journaled_pause=journaled_pause,
                                                                 on_plan=on_plan))
@@ -384,6 +385,16 @@ def _rebalance(
         list(pool.map(run, units))
     result.reports.sort(key=lambda r: r.shard)
     return result
+
+
+def spread_over(config: Config, databases: Sequence[str] | None) -> list[str]:
+    """The databases to spread over: two or more (one alone is always "even", which a user who named only the new
+    database would read as done)."""
+    names = config.select(list(databases) if databases else None)
+    if len(names) < 2:
+        raise ConfigError(f"rebalance spreads the shards over two or more databases, not {names[0]} alone",
+                          hint="name them all, like --databases db1,db2 (a new database goes in the config's [databases] first)")
+    return names
 
 
 def _check_parallel(parallel: int) -> None:
