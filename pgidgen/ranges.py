@@ -26,8 +26,10 @@ MAX_SHARDS = 1 << 20
 
 def expand(text: str) -> list[int]:
     out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
+    parts = [part.strip() for part in text.split(",")]
+    if any(parts) and not all(parts):  # '1,,2' or '1,2,': a number left out (an empty shell variable, a typo)
+        raise InputError(f"{text!r} has an empty item between its commas", hint="write shards like 0-99,120, a number or range between each two commas")
+    for part in parts:
         if not part:
             continue
         lo, dash, hi = part.partition("-")

@@ -278,14 +278,18 @@ def test_dry_run_of_a_set_prints_its_batches_and_changes_nothing(config: Config,
 
 
 def test_a_malformed_set_of_shards_is_refused(config: Config, config_file: Path) -> None:
-    """'2-' (a range cut short, e.g. by an empty shell variable) moved shard 2 alone, and '1-²' ended in a
-    traceback (found by a review): both are refused, nothing moves."""
+    """'2-' (a range cut short, e.g. by an empty shell variable) moved shard 2 alone, '1-²' ended in a traceback,
+    and '1,,2' moved shards 1 and 2 (found by reviews): all are refused, nothing moves."""
     setup_shards(config, rows=10)
     runner = CliRunner()
     for text in ("2-", "1-²", "²"):
         res = runner.invoke(main, ["--config", str(config_file), "move-shard", text, "db3"])
         assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (text, res.output, res.exception)
         assert f"Error: {text!r} is not a shard number or range" in res.output, (text, res.output)
+    for text in ("1,,2", "1,2,", ",3"):  # a shard left out (moved the others, found by a review)
+        res = runner.invoke(main, ["--config", str(config_file), "move-shard", text, "db3"])
+        assert (res.exit_code, res.output) == (1, f"Error: {text!r} has an empty item between its commas: write shards like 0-99,120,"
+                                                  " a number or range between each two commas\n"), text
     # a typo naming ten billion shards is refused before the list is built (it filled memory first)
     res = runner.invoke(main, ["--config", str(config_file), "move-shard", "0-9999999999", "db3"])
     assert res.exit_code == 1 and "'0-9999999999' names more than 1048576 shards" in res.output, res.output
