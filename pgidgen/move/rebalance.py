@@ -23,6 +23,7 @@ from ..db import connect, pg_message
 from ..errors import ConfigError, PgidgenError
 from ..db import read_each
 from ..ranges import collapse
+from ..redact import scrub
 from ..sizes import human, read_sizes
 from .balance import spread_bytes
 from .context import MoveError, preflight, read_states
@@ -352,7 +353,7 @@ def _rebalance(
     def done(report: MoveReport | PgidgenError, shards: list[int]) -> None:
         with lock:
             if isinstance(report, PgidgenError):
-                result.failures.extend((planned[s], report.render()) for s in shards)
+                result.failures.extend((planned[s], scrub(report.render())) for s in shards)  # --json prints it too
             else:
                 result.reports.append(report)
             if on_batch is not None:
