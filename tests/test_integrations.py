@@ -230,3 +230,33 @@ def test_sqlalchemy_engines_prepare_nothing_through_a_pooler_the_config_does_not
                 sharding.dispose()
     finally:
         bouncer.stop()
+
+
+def test_a_sqlalchemy_unit_whose_work_caught_a_statements_error_raises_and_writes_nothing(sharded: Config) -> None:
+    """A failed statement aborts the shard's transaction; work that caught its error and returned used to be
+    reported as done, its row's ID returned, while the COMMIT rolled it back without an error (as Router's units).
+    Caught inside a savepoint (begin_nested), only the savepoint is undone and the rest commits."""
+    def caught(savepoint: bool) -> Callable[[Any], int]:
+        def work(session: Any) -> int:
+            row_id = add(-8)(session)
+            try:
+                if savepoint:
+                    with session.begin_nested():
+                        session.execute(text("SELECT 1 / 0"))
+                else:
+                    session.execute(text("SELECT 1 / 0"))
+            except sqlalchemy.exc.DBAPIError:
+                pass
+            return row_id
+        return work
+
+    with Router(sharded, listen=False) as router:
+        sharding = Sharding(router, pool_size=1)
+        try:
+            with pytest.raises(RoutingError, match="failed and the work went on: .* so nothing of it was committed"):
+                sharding.run(SHARD, caught(False))
+            kept = sharding.run(SHARD, caught(True))
+            assert sharding.run(SHARD, lambda s: s.scalar(select(func.count()).select_from(Row).where(Row.v == -8)), read_only=True) == 1
+            assert sharding.run(SHARD, lambda s: s.get(Row, kept).v, read_only=True) == -8
+        finally:
+            sharding.dispose()

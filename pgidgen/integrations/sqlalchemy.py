@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
@@ -25,6 +26,7 @@ from ..errors import RoutingError
 from ..idgen import schema_name
 from ..routing import APPLICATION_NAME, Router
 from ..routing.pools import Policy, policy_for
+from ..routing.unit import aborted
 from .retrying import moved_error, retry
 
 T = TypeVar("T")
@@ -69,8 +71,10 @@ class ShardSession(ShardedSession):
         self.shard = shard
         self.read_only = read_only
         self._bound: set[str] = set()
+        self._claimed: list[tuple[int, Connection]] = []
         event.listen(self, "after_transaction_create", self._rebind)
         event.listen(self, "after_begin", self._claim)
+        event.listen(self, "before_commit", self._committable)
 
     # -- the choosers horizontal_shard calls --------------------------------------------------------
 
@@ -120,6 +124,7 @@ class ShardSession(ShardedSession):
     def _rebind(self, session: Any, transaction: SessionTransaction) -> None:
         if transaction.parent is None:  # a new outermost transaction: the map may have changed since the last one
             self._bound.clear()
+            self._claimed.clear()
 
     def _claim(self, session: Any, transaction: SessionTransaction, connection: Connection) -> None:
         options = connection.get_execution_options()
@@ -140,6 +145,19 @@ class ShardSession(ShardedSession):
             if moved is None:
                 raise
             raise moved from e
+        self._claimed.append((shard, connection))
+
+    def _committable(self, session: Any) -> None:
+        """Before the COMMITs: a shard's transaction that a failed statement aborted (its error caught in the work)
+        would roll back on COMMIT without an error, and the session report its writes as done (as Router's units)."""
+        if self.read_only:
+            return
+        for shard, connection in self._claimed:
+            if connection.closed or connection.invalidated:
+                continue
+            dbapi = connection.connection.dbapi_connection
+            if dbapi is not None and dbapi.info.transaction_status == TransactionStatus.INERROR:
+                raise aborted(shard)
 
 
 class Sharding:

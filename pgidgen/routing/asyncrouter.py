@@ -105,7 +105,7 @@ class AsyncRouter:
                     status = conn.pgconn.transaction_status
                     if status != IDLE:
                         if status == INERROR and not read_only:
-                            raise aborted(route)  # (unit.aborted says why)
+                            raise aborted(route.shard)  # (unit.aborted says why)
                         committing = True
                         await conn.commit_unit()
             except BaseException as e:

@@ -157,7 +157,7 @@ class UnitOfWork:
                         status = conn.pgconn.transaction_status
                         if status != IDLE:
                             if status == INERROR and not self.read_only:
-                                raise aborted(route)
+                                raise aborted(route.shard)
                             committing = True
                             conn.commit_unit()
                     return False
@@ -176,14 +176,15 @@ class UnitOfWork:
             units.pools.give_back(route.database, conn)
 
 
-def aborted(route: Route) -> RoutingError:
+def aborted(shard: int) -> RoutingError:
     """A write unit whose work caught a statement's error and returned: the server aborted its transaction, and its
-    COMMIT would roll everything back without an error, the work's result (an ID it inserted) reported as written."""
+    COMMIT would roll everything back without an error, the work's result (an ID it inserted) reported as written.
+    Also the ORM integrations' (a ShardSession's commit, a shard_atomic block)."""
     return RoutingError(
-        f"a statement of the unit of work on shard {route.shard} failed and the work went on: its transaction was"
+        f"a statement of the unit of work on shard {shard} failed and the work went on: its transaction was"
         " aborted there, so nothing of it was committed",
-        hint="let the error leave the unit of work (it is rolled back), or run the statement that may fail in"
-        " conn.transaction() (a savepoint) and handle its error there",
+        hint="let the error leave the unit of work (it is rolled back), or run the statement that may fail in a savepoint"
+        " (conn.transaction(), session.begin_nested(), transaction.atomic()) and handle its error there",
     )
 
 
