@@ -22,7 +22,7 @@ from sqlalchemy.ext.horizontal_shard import ShardedSession
 from sqlalchemy.orm import Mapper, ORMExecuteState, SessionTransaction
 
 from ..config import Config
-from ..errors import RoutingError
+from ..errors import InputError, RoutingError
 from ..idgen import schema_name
 from ..routing import APPLICATION_NAME, Router
 from ..routing.pools import Policy, policy_for
@@ -80,24 +80,35 @@ class ShardSession(ShardedSession):
 
     def shard_chooser(self, mapper: Mapper[Any] | None, instance: Any, clause: Any = None, **kw: Any) -> str:
         ident = mapper.primary_key_from_instance(instance) if mapper is not None and instance is not None else None
-        if ident and len(ident) == 1 and isinstance(ident[0], int):
-            return self._bind(self.router.shard_of(ident[0]))
-        return self._bind(self._default())
+        shard = self._id_shard(ident[0]) if ident and len(ident) == 1 else None
+        return self._bind(self._default() if shard is None else shard)
 
     def identity_chooser(self, mapper: Mapper[Any], primary_key: Any, **kw: Any) -> list[str]:
         ident = primary_key if isinstance(primary_key, (tuple, list)) else (primary_key,)
-        if len(ident) == 1 and isinstance(ident[0], int):
-            return [self._bind(self.router.shard_of(ident[0]))]
-        return [self._bind(self._default())]
+        shard = self._id_shard(ident[0]) if len(ident) == 1 else None
+        return [self._bind(self._default() if shard is None else shard)]
 
     def execute_chooser(self, orm_context: ORMExecuteState) -> Iterable[str]:
         return [self._bind(self._default())]
 
     def get(self, entity: Any, ident: Any, **kw: Any) -> Any:
         """By ID alone: the shard is in the ID's bits (without this, a miss would query the session's shard)."""
-        if kw.get("identity_token") is None and isinstance(ident, int):
-            kw["identity_token"] = self._bind(self.router.shard_of(ident))
+        if kw.get("identity_token") is None:
+            shard = self._id_shard(ident)
+            if shard is not None:
+                kw["identity_token"] = self._bind(shard)
         return super().get(entity, ident, **kw)
+
+    def _id_shard(self, value: Any) -> int | None:
+        """The shard in value's bits when it can be an ID of this installation; else None, as for a key that is no
+        integer: the session's shard. A number no ID can be (negative, too wide, naming a shard beyond the count:
+        a bogus ID from a URL) is looked up like any other key, not an InputError out of session.get."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            return None
+        try:
+            return self.router.shard_of(value)
+        except InputError:
+            return None
 
     # -- binds and claims -------------------------------------------------------------------------
 
@@ -116,8 +127,12 @@ class ShardSession(ShardedSession):
         shard_id = str(shard)
         if shard_id not in self._bound:
             database = self.router.database_for(shard)
+            engine = self.engines.get(database)
+            if engine is None:  # engines given, made before a database joined the config
+                raise RoutingError(f"shard {shard} is on database {database}, for which this Sharding has no engine",
+                                   hint="give Sharding an engine for every database of pgidgen.toml (engines=None makes them)")
             options = {SHARD_OPTION: shard, DATABASE_OPTION: database}
-            self.bind_shard(shard_id, self.engines[database].execution_options(schema_translate_map={None: schema_name(shard)}, **options))
+            self.bind_shard(shard_id, engine.execution_options(schema_translate_map={None: schema_name(shard)}, **options))
             self._bound.add(shard_id)
         return shard_id
 
