@@ -108,6 +108,27 @@ def checks() -> None:
         with shard_atomic(OTHER, read_only=True):
             Row.objects.filter(id=inner.id).exists()
         Row.objects.filter(id=outer.id).update(v=-3)
+    # a statement's error caught in the work: the transaction is aborted, so the block raises rather than let
+    # Django's atomic roll it back without a word (the row reported as written)
+    for failing in ("raw", "orm"):
+        def caught() -> int:
+            row = Row.objects.create(v=-6)
+            try:
+                if failing == "raw":
+                    with connections[get_router().database_for(SHARD)].cursor() as cursor:
+                        cursor.execute("SELECT 1 / 0")
+                else:
+                    Row.objects.create(id=row.id, v=-7)  # a duplicate key
+            except DatabaseError:
+                pass
+            return row.id
+        try:
+            run_on_shard(SHARD, caught)
+        except RoutingError as e:
+            assert "so nothing of it was committed" in str(e), e
+        else:
+            raise AssertionError(f"a block whose transaction was aborted ({failing}) returned as if it committed")
+    assert not run_on_shard(SHARD, lambda: Row.objects.filter(v=-6).exists(), read_only=True)
     with shard_atomic(OTHER):
         Row.objects.filter(id=inner.id).delete()
     with shard_atomic(SHARD):

@@ -230,3 +230,55 @@ def test_sqlalchemy_engines_prepare_nothing_through_a_pooler_the_config_does_not
                 sharding.dispose()
     finally:
         bouncer.stop()
+
+
+def test_a_sqlalchemy_unit_whose_work_caught_a_statements_error_raises_and_writes_nothing(sharded: Config) -> None:
+    """A failed statement aborts the shard's transaction; work that caught its error and returned used to be
+    reported as done, its row's ID returned, while the COMMIT rolled it back without an error (as Router's units).
+    Caught inside a savepoint (begin_nested), only the savepoint is undone and the rest commits."""
+    def caught(savepoint: bool) -> Callable[[Any], int]:
+        def work(session: Any) -> int:
+            row_id = add(-8)(session)
+            try:
+                if savepoint:
+                    with session.begin_nested():
+                        session.execute(text("SELECT 1 / 0"))
+                else:
+                    session.execute(text("SELECT 1 / 0"))
+            except sqlalchemy.exc.DBAPIError:
+                pass
+            return row_id
+        return work
+
+    with Router(sharded, listen=False) as router:
+        sharding = Sharding(router, pool_size=1)
+        try:
+            with pytest.raises(RoutingError, match="failed and the work went on: .* so nothing of it was committed"):
+                sharding.run(SHARD, caught(False))
+            kept = sharding.run(SHARD, caught(True))
+            assert sharding.run(SHARD, lambda s: s.scalar(select(func.count()).select_from(Row).where(Row.v == -8)), read_only=True) == 1
+            assert sharding.run(SHARD, lambda s: s.get(Row, kept).v, read_only=True) == -8
+        finally:
+            sharding.dispose()
+
+
+def test_numbers_no_id_can_be_are_keys_of_the_sessions_shard(sharded: Config) -> None:
+    """session.get of a number that is no ID of this installation (negative, wider than the layout, naming a shard
+    beyond the count: a bogus ID from a URL) is looked up in the session's shard like any other key, and finds
+    nothing; it was an InputError about `pgidgen decode` out of session.get."""
+    not_ids = (-1, -(2**63), 2**63 - 1)  # the last names shard 8191 of 4
+    with Router(sharded, listen=False) as router:
+        sharding = Sharding(router, pool_size=1)
+        try:
+            for value in not_ids:
+                assert sharding.run(SHARD, lambda s: s.get(Row, value), read_only=True) is None
+            with sharding.session() as session:  # no shard of its own: where a key goes is not said
+                with pytest.raises(RoutingError, match="no shard for objects without an ID"):
+                    session.get(Row, -1)
+            sharding.run(SHARD, lambda s: s.add(Row(id=-1, v=-9)))  # a new object with such a key: the session's shard
+            assert sharding.run(SHARD, lambda s: s.get(Row, -1).v, read_only=True) == -9
+        finally:
+            sharding.dispose()
+        partial = Sharding(router, engines={"db2": sharding.engines["db2"]})  # SHARD is on db1
+        with pytest.raises(RoutingError, match="shard 1 is on database db1, for which this Sharding has no engine"):
+            partial.run(SHARD, lambda s: s.get(Row, -1))

@@ -15,9 +15,9 @@ from test_routing_pooler import app_config, bouncer_root, sharded  # noqa: F401 
 
 from pgidgen import pgbouncer
 from pgidgen.config import Config, load_config
-from pgidgen.errors import ShardMovedError
+from pgidgen.errors import RoutingError, ShardMovedError
 from pgidgen.move import move_shard
-from pgidgen.routing import AsyncRouter
+from pgidgen.routing import AsyncRouter, Router
 
 
 async def insert(conn: psycopg.AsyncConnection[Any], n: int) -> int:
@@ -113,3 +113,50 @@ def test_shard_for_reads_nothing_on_the_event_loop_when_the_map_is_stale(sharded
 
 async def _id(conn: psycopg.AsyncConnection[Any]) -> int:
     return (await (await conn.execute("INSERT INTO items (k) VALUES (3) RETURNING id")).fetchone())[0]  # type: ignore[index]
+
+
+def test_a_write_unit_whose_work_caught_a_statements_error_raises_and_is_not_reported_written(sharded_8: Config) -> None:
+    """A statement that fails aborts the transaction; work that catches its error and returns used to be reported
+    as done (run returned the ID it had inserted) while the unit's COMMIT rolled everything back without a word.
+    Router and AsyncRouter alike; a read-only unit has nothing to lose and returns."""
+    def caught(conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute("INSERT INTO items (k) VALUES (3) RETURNING id").fetchone()
+        try:
+            conn.execute("SELECT 1 / 0")
+        except psycopg.errors.DivisionByZero:
+            pass
+        return int(row[0])  # type: ignore[index]
+
+    async def async_caught(conn: psycopg.AsyncConnection[Any]) -> int:
+        row = await (await conn.execute("INSERT INTO items (k) VALUES (3) RETURNING id")).fetchone()
+        try:
+            await conn.execute("SELECT 1 / 0")
+        except psycopg.errors.DivisionByZero:
+            pass
+        return int(row[0])  # type: ignore[index]
+
+    aborted = "failed and the work went on: its transaction was aborted there, so nothing of it was committed"
+    with Router(sharded_8, listen=False, max_size=1) as router:
+        with pytest.raises(RoutingError, match=aborted):
+            router.run(3, caught)
+        with pytest.raises(RoutingError, match=aborted), router.transaction(3) as conn:
+            caught(conn)
+        assert router.run(3, lambda c: c.execute("SELECT count(*) FROM items").fetchone()) == (0,)  # the connection is fine
+        with router.transaction(3, read_only=True) as conn:
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                conn.execute("SELECT 1 / 0")
+
+    async def main() -> None:
+        async with AsyncRouter(sharded_8, listen=False, max_size=1) as router:
+            with pytest.raises(RoutingError, match=aborted):
+                await router.run(3, async_caught)
+            with pytest.raises(RoutingError, match=aborted):
+                async with router.transaction(3) as conn:
+                    await async_caught(conn)
+            assert await router.execute(3, "SELECT count(*) FROM items") == [(0,)]
+            async with router.transaction(3, read_only=True) as conn:
+                with pytest.raises(psycopg.errors.DivisionByZero):
+                    await conn.execute("SELECT 1 / 0")
+
+    asyncio.run(main())
+    assert count(sharded_8.dsn("db1"), "shard_3") == 0

@@ -21,12 +21,14 @@ from contextvars import ContextVar
 from typing import Any, Callable, Iterator, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 
 from ..config import Config, load_config
 from ..errors import RoutingError
 from ..routing import Router
+from ..routing.unit import aborted
 from .retrying import moved_error, retry
 
 T = TypeVar("T")
@@ -104,6 +106,8 @@ def shard_atomic(shard: int, *, read_only: bool = False) -> Iterator[str]:
                 yield alias
             finally:
                 _blocks.reset(token)
+            if not read_only and _aborted(connections[alias]):
+                raise aborted(shard)  # rolled back by the atomic block (its savepoint's, nested)
             if nested:  # a savepoint's release keeps set_config: give the enclosing block its search_path back
                 with connections[alias].cursor() as cursor:
                     cursor.execute("SELECT pg_catalog.set_config('search_path', %s, true)", [outer])
@@ -112,6 +116,13 @@ def shard_atomic(shard: int, *, read_only: bool = False) -> Iterator[str]:
         if moved is None:
             raise
         raise moved from e
+
+
+def _aborted(connection: Any) -> bool:
+    """Whether the block's transaction cannot commit: an error Django saw and the work caught (needs_rollback), or
+    one the server saw (a raw cursor's): Django's atomic would roll it back without an error (unit.aborted)."""
+    pg = connection.connection
+    return bool(connection.needs_rollback) or (pg is not None and pg.info.transaction_status == TransactionStatus.INERROR)
 
 
 def run_on_shard(shard: int, work: Callable[[], T], *, read_only: bool = False, retry_for: float = 10.0) -> T:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
@@ -21,10 +22,11 @@ from sqlalchemy.ext.horizontal_shard import ShardedSession
 from sqlalchemy.orm import Mapper, ORMExecuteState, SessionTransaction
 
 from ..config import Config
-from ..errors import RoutingError
+from ..errors import InputError, RoutingError
 from ..idgen import schema_name
 from ..routing import APPLICATION_NAME, Router
 from ..routing.pools import Policy, policy_for
+from ..routing.unit import aborted
 from .retrying import moved_error, retry
 
 T = TypeVar("T")
@@ -69,31 +71,44 @@ class ShardSession(ShardedSession):
         self.shard = shard
         self.read_only = read_only
         self._bound: set[str] = set()
+        self._claimed: list[tuple[int, Connection]] = []
         event.listen(self, "after_transaction_create", self._rebind)
         event.listen(self, "after_begin", self._claim)
+        event.listen(self, "before_commit", self._committable)
 
     # -- the choosers horizontal_shard calls --------------------------------------------------------
 
     def shard_chooser(self, mapper: Mapper[Any] | None, instance: Any, clause: Any = None, **kw: Any) -> str:
         ident = mapper.primary_key_from_instance(instance) if mapper is not None and instance is not None else None
-        if ident and len(ident) == 1 and isinstance(ident[0], int):
-            return self._bind(self.router.shard_of(ident[0]))
-        return self._bind(self._default())
+        shard = self._id_shard(ident[0]) if ident and len(ident) == 1 else None
+        return self._bind(self._default() if shard is None else shard)
 
     def identity_chooser(self, mapper: Mapper[Any], primary_key: Any, **kw: Any) -> list[str]:
         ident = primary_key if isinstance(primary_key, (tuple, list)) else (primary_key,)
-        if len(ident) == 1 and isinstance(ident[0], int):
-            return [self._bind(self.router.shard_of(ident[0]))]
-        return [self._bind(self._default())]
+        shard = self._id_shard(ident[0]) if len(ident) == 1 else None
+        return [self._bind(self._default() if shard is None else shard)]
 
     def execute_chooser(self, orm_context: ORMExecuteState) -> Iterable[str]:
         return [self._bind(self._default())]
 
     def get(self, entity: Any, ident: Any, **kw: Any) -> Any:
         """By ID alone: the shard is in the ID's bits (without this, a miss would query the session's shard)."""
-        if kw.get("identity_token") is None and isinstance(ident, int):
-            kw["identity_token"] = self._bind(self.router.shard_of(ident))
+        if kw.get("identity_token") is None:
+            shard = self._id_shard(ident)
+            if shard is not None:
+                kw["identity_token"] = self._bind(shard)
         return super().get(entity, ident, **kw)
+
+    def _id_shard(self, value: Any) -> int | None:
+        """The shard in value's bits when it can be an ID of this installation; else None, as for a key that is no
+        integer: the session's shard. A number no ID can be (negative, too wide, naming a shard beyond the count:
+        a bogus ID from a URL) is looked up like any other key, not an InputError out of session.get."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            return None
+        try:
+            return self.router.shard_of(value)
+        except InputError:
+            return None
 
     # -- binds and claims -------------------------------------------------------------------------
 
@@ -112,14 +127,19 @@ class ShardSession(ShardedSession):
         shard_id = str(shard)
         if shard_id not in self._bound:
             database = self.router.database_for(shard)
+            engine = self.engines.get(database)
+            if engine is None:  # engines given, made before a database joined the config
+                raise RoutingError(f"shard {shard} is on database {database}, for which this Sharding has no engine",
+                                   hint="give Sharding an engine for every database of pgidgen.toml (engines=None makes them)")
             options = {SHARD_OPTION: shard, DATABASE_OPTION: database}
-            self.bind_shard(shard_id, self.engines[database].execution_options(schema_translate_map={None: schema_name(shard)}, **options))
+            self.bind_shard(shard_id, engine.execution_options(schema_translate_map={None: schema_name(shard)}, **options))
             self._bound.add(shard_id)
         return shard_id
 
     def _rebind(self, session: Any, transaction: SessionTransaction) -> None:
         if transaction.parent is None:  # a new outermost transaction: the map may have changed since the last one
             self._bound.clear()
+            self._claimed.clear()
 
     def _claim(self, session: Any, transaction: SessionTransaction, connection: Connection) -> None:
         options = connection.get_execution_options()
@@ -140,6 +160,19 @@ class ShardSession(ShardedSession):
             if moved is None:
                 raise
             raise moved from e
+        self._claimed.append((shard, connection))
+
+    def _committable(self, session: Any) -> None:
+        """Before the COMMITs: a shard's transaction that a failed statement aborted (its error caught in the work)
+        would roll back on COMMIT without an error, and the session report its writes as done (as Router's units)."""
+        if self.read_only:
+            return
+        for shard, connection in self._claimed:
+            if connection.closed or connection.invalidated:
+                continue
+            dbapi = connection.connection.dbapi_connection
+            if dbapi is not None and dbapi.info.transaction_status == TransactionStatus.INERROR:
+                raise aborted(shard)
 
 
 class Sharding:

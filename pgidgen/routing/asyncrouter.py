@@ -18,10 +18,11 @@ from ..errors import RoutingError, ShardMovedError, ShardUnavailableError
 from .claiming import AsyncClaimingConnection, async_has_claim_call
 from .mapcache import SERVING, Route, RoutingMap
 from .router import Router
-from .unit import needs_row, next_try, verdict
+from .unit import aborted, needs_row, next_try, verdict
 
 T = TypeVar("T")
 IDLE = TransactionStatus.IDLE
+INERROR = TransactionStatus.INERROR
 
 
 class AsyncRouter:
@@ -100,9 +101,13 @@ class AsyncRouter:
             committing = False
             try:
                 yield conn
-                if conn.end_unit() and conn.pgconn.transaction_status != IDLE:
-                    committing = True
-                    await conn.commit_unit()
+                if conn.end_unit():
+                    status = conn.pgconn.transaction_status
+                    if status != IDLE:
+                        if status == INERROR and not read_only:
+                            raise aborted(route.shard)  # (unit.aborted says why)
+                        committing = True
+                        await conn.commit_unit()
             except BaseException as e:
                 conn.end_unit()
                 # a write sent with its COMMIT (execute): a connection that broke meanwhile may have committed it

@@ -124,7 +124,9 @@ class Router:
     def transaction(self, shard: int, *, read_only: bool = False) -> AbstractContextManager[psycopg.Connection[Any]]:
         """A pooled connection to the database serving shard, inside a transaction that has claimed the
         shard there (so no move can flip it until the transaction ends) and with search_path = shard_N,
-        public for this transaction only. Commits when the block ends, rolls back on an exception.
+        public for this transaction only. Commits when the block ends, rolls back on an exception; a write unit
+        whose transaction a failed statement aborted (its error caught inside) rolls back and raises RoutingError,
+        as a COMMIT there would roll back without a word (an expected error: catch it in conn.transaction()).
 
         read_only: a READ ONLY transaction that checks the shard without taking its claim lock (no transaction ID,
         no WAL); a move under it shows as the renamed schema and is retried like any other.

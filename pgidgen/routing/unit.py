@@ -12,6 +12,7 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 IDLE = TransactionStatus.IDLE
+INERROR = TransactionStatus.INERROR
 
 from ..config import Config, describe_dsn
 from ..db import pg_message
@@ -152,9 +153,13 @@ class UnitOfWork:
             if e is None:
                 committing = False
                 try:
-                    if conn.end_unit() and conn.pgconn.transaction_status != IDLE:
-                        committing = True
-                        conn.commit_unit()
+                    if conn.end_unit():
+                        status = conn.pgconn.transaction_status
+                        if status != IDLE:
+                            if status == INERROR and not self.read_only:
+                                raise aborted(route.shard)
+                            committing = True
+                            conn.commit_unit()
                     return False
                 except BaseException as err:
                     e = err
@@ -169,6 +174,18 @@ class UnitOfWork:
             raise failure from e
         finally:
             units.pools.give_back(route.database, conn)
+
+
+def aborted(shard: int) -> RoutingError:
+    """A write unit whose work caught a statement's error and returned: the server aborted its transaction, and its
+    COMMIT would roll everything back without an error, the work's result (an ID it inserted) reported as written.
+    Also the ORM integrations' (a ShardSession's commit, a shard_atomic block)."""
+    return RoutingError(
+        f"a statement of the unit of work on shard {shard} failed and the work went on: its transaction was"
+        " aborted there, so nothing of it was committed",
+        hint="let the error leave the unit of work (it is rolled back), or run the statement that may fail in a savepoint"
+        " (conn.transaction(), session.begin_nested(), transaction.atomic()) and handle its error there",
+    )
 
 
 def needs_row(e: psycopg.Error) -> bool:
