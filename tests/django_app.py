@@ -26,7 +26,7 @@ settings.configure(
 )
 django.setup()
 
-from django.db import DatabaseError, connections, models  # noqa: E402 - after settings
+from django.db import DatabaseError, connections, models, transaction  # noqa: E402 - after settings
 
 from movekit import writes_around  # noqa: E402 - beside this file
 from pgidgen.errors import RoutingError  # noqa: E402
@@ -70,6 +70,15 @@ def checks() -> None:
         outer = Row.objects.create(v=-2)
         assert alias == "db1" and Row.objects.db_manager(hints={"shard": SHARD}).filter(id=outer.id).exists()
     assert (router.shard_of(inner.id), router.shard_of(outer.id)) == (OTHER, SHARD)
+    # in a plain transaction.atomic on the same database (ATOMIC_REQUESTS), the block gives the enclosing
+    # transaction its search_path back: unqualified SQL after it does not go on in the shard's schema
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_catalog.current_setting('search_path')")
+        before = cursor.fetchone()[0]
+        with shard_atomic(SHARD):
+            Row.objects.exists()
+        cursor.execute("SELECT pg_catalog.current_setting('search_path')")
+        assert cursor.fetchone()[0] == before, "a shard block left its search_path to the enclosing transaction"
     # an instance's ID routes it: saved again in its own shard's block, refused in another shard's
     with shard_atomic(SHARD):
         outer.v = -3

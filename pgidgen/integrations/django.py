@@ -87,7 +87,9 @@ def shard_atomic(shard: int, *, read_only: bool = False) -> Iterator[str]:
     READ ONLY transaction (nested in a writable one: with the lock)."""
     router = get_router()
     alias = router.database_for(shard)
-    nested = any(a == alias for _, a in _blocks.get())
+    # inside any atomic block on the alias (another shard's, or a plain transaction.atomic: ATOMIC_REQUESTS), this
+    # block is a savepoint, and the search_path it sets would outlive it in the enclosing transaction
+    nested = connections[alias].in_atomic_block
     # read_only claims without the lock, so a write must not get through (as Router's): the transaction is made
     # READ ONLY, or, in an enclosing one that must stay writable after it, the claim takes the lock if it could write
     lock = "%s"
