@@ -65,12 +65,25 @@ def session_conninfo(dsn: str, server_version: int) -> str:
     return dsn if options is None else psycopg.conninfo.make_conninfo(dsn, options=options)
 
 
+def timeout_for(dsn: str) -> dict[str, Any]:
+    """connect_timeout=CONNECT_TIMEOUT as a connect() keyword, unless the DSN or PGCONNECT_TIMEOUT sets one: a
+    keyword would override the user's (a multi-host string's short timeout, for a quick failover, among them)."""
+    if os.environ.get("PGCONNECT_TIMEOUT"):
+        return {}
+    try:
+        if "connect_timeout" in psycopg.conninfo.conninfo_to_dict(dsn):
+            return {}
+    except psycopg.ProgrammingError:
+        pass  # connecting reports it
+    return {"connect_timeout": CONNECT_TIMEOUT}
+
+
 def connect(name: str, dsn: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
     options = _options(dsn)
     if options is not None:
         kwargs["options"] = options
     try:
-        conn = psycopg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT, application_name="pgidgen", **kwargs)
+        conn = psycopg.connect(dsn, autocommit=autocommit, application_name="pgidgen", **{**timeout_for(dsn), **kwargs})
     except psycopg.OperationalError as e:
         raise DatabaseError(
             f"cannot connect to database {name} ({describe_dsn(dsn)}): {pg_message(e)}",

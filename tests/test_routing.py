@@ -17,7 +17,7 @@ from psycopg import sql
 from pgidgen.catalog import read_state
 from pgidgen.cli import main as cli
 from pgidgen.config import Config
-from pgidgen.db import execute_script
+from pgidgen.db import CONNECT_TIMEOUT, connect, execute_script
 from pgidgen.errors import InputError, RoutingError, ShardMovedError, ShardUnavailableError
 from pgidgen.idgen import CLAIM_LOCK_BASE, LOCK_CLASS, render_catalog, render_shard, schema_name
 from pgidgen.init import init
@@ -520,3 +520,15 @@ def test_a_database_with_an_unset_variable_does_not_stop_the_router(sharded: Con
     with Router(cfg) as r:
         assert r.run(2, insert(2)) > 0
     assert died == []
+
+
+def test_a_connect_timeout_in_the_connection_string_is_the_routers(sharded: Config) -> None:
+    """The DSN's own connect_timeout (a multi-host string's short one, for a quick failover) is what the Router's
+    connections use, not pgidgen's default; without one, pgidgen's default."""
+    own = {**sharded.databases, "db1": psycopg.conninfo.make_conninfo(sharded.dsn("db1"), connect_timeout=3)}
+    app = Config(layout=sharded.layout, databases=own)
+    with Router(app, listen=False) as r:
+        used = {db: r.run(shard, lambda c: c.info.get_parameters().get("connect_timeout")) for db, shard in (("db1", 1), ("db2", 5))}
+    assert used == {"db1": "3", "db2": str(CONNECT_TIMEOUT)}, used
+    with connect("db1", own["db1"]) as conn:  # pgidgen's own connections alike
+        assert conn.info.get_parameters().get("connect_timeout") == "3"

@@ -13,7 +13,7 @@ import psycopg
 
 from ..catalog import CatalogState, read_state
 from ..config import Config
-from ..db import CONNECT_TIMEOUT, connect, each_database, pg_message
+from ..db import CONNECT_TIMEOUT, connect, each_database, pg_message, timeout_for
 from ..errors import ConflictError, DatabaseError, InputError, PgidgenError, RoutingError, ShardUnavailableError
 from ..idgen import schema_name
 from .pools import behind_pooler
@@ -325,7 +325,7 @@ class MapCache:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(
-                    self.config.dsn(name), autocommit=True, connect_timeout=CONNECT_TIMEOUT, application_name=self.application_name
+                    self.config.dsn(name), autocommit=True, application_name=self.application_name, **timeout_for(self.config.dsn(name))
                 ) as conn:
                     if self.config.poolers.get(name) != "session" and behind_pooler(conn):
                         ready.set()

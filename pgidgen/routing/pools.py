@@ -20,7 +20,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..config import Config, describe_dsn
-from ..db import CONNECT_TIMEOUT, pg_message
+from ..db import CONNECT_TIMEOUT, pg_message, timeout_for
 from ..errors import DatabaseError, RoutingError
 from .claiming import ClaimingConnection, has_claim_call
 
@@ -33,9 +33,11 @@ class Policy:
 
     pooler: str
     prepare: bool
+    #: connect_timeout, unless the app's DSN (or PGCONNECT_TIMEOUT) sets its own (db.timeout_for)
+    timeout: tuple[tuple[str, Any], ...] = (("connect_timeout", CONNECT_TIMEOUT),)
 
     def connect_kwargs(self, application_name: str) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"autocommit": True, "application_name": application_name, "connect_timeout": CONNECT_TIMEOUT}
+        kwargs: dict[str, Any] = {"autocommit": True, "application_name": application_name, **dict(self.timeout)}
         if not self.prepare:
             kwargs["prepare_threshold"] = None
         return kwargs
@@ -51,13 +53,13 @@ def policy_for(config: Config, name: str, application_name: str) -> Policy:
     pooler = config.poolers.get(name)
     if pooler is None:
         try:
-            with psycopg.connect(config.app_dsn(name), autocommit=True, connect_timeout=CONNECT_TIMEOUT,
-                                 application_name=application_name) as conn:
+            with psycopg.connect(config.app_dsn(name), autocommit=True, application_name=application_name,
+                                 **timeout_for(config.app_dsn(name))) as conn:
                 pooler = "transaction" if behind_pooler(conn) else "none"  # its mode unknown: assume the strictest
         except psycopg.Error:
             pooler = "transaction"  # unreachable now: the pool reports it; safe settings meanwhile
     prepare = pooler != "transaction" or name in config.pooler_prepares
-    return Policy(pooler=pooler, prepare=prepare)
+    return Policy(pooler=pooler, prepare=prepare, timeout=tuple(timeout_for(config.app_dsn(name)).items()))
 
 
 def _waiting(pool: ConnectionPool) -> bool:
