@@ -2,6 +2,7 @@
 CLI's refusals, --verify-in-pause and --drop-source, a target without a catalog."""
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -247,6 +248,14 @@ def test_dry_run_changes_nothing(config: Config, config_file: Path) -> None:
                    "DROP SUBSCRIPTION", "COPY \"shard_1\".\"t\" (\"id\", \"v\", \"note\") FROM STDIN (FORMAT binary, FREEZE)",
                    "\"pg_catalog\".\"hashint8extended\"(r.\"id\", 1)"):
         assert needle in out, needle
+    # --json: the same plan as JSON (it printed the text above, which no JSON reader takes: found by a review)
+    res = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "1", "db3", "--dry-run", "--json"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.output)
+    assert (plan["dry_run"], plan["shard"], plan["target"], plan["mode"]) == (True, 1, "db3", "online")
+    assert [st["step"] for st in plan["steps"]][:3] == ["prepare", "publication", "copy"]
+    assert any("lock: EXCLUSIVE on 2 tables" in f"lock: {lock}" for st in plan["steps"] for lock in st["locks"]), plan
+    assert any("DROP SUBSCRIPTION" in st["sql"] for st in plan["steps"])
     assert leftovers(config.databases) == []
     assert state_of(config.dsn("db1"), 1) == ("active", "shard_1")
     with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
