@@ -36,6 +36,8 @@ def _duration(text: str) -> float:
         raise InputError(f"{text!r} is not a duration", hint="write it like 1s, 500ms or 2.5") from None
     if not value > 0:
         raise InputError(f"--max-pause must be more than 0, not {text!r}")
+    if value < 0.001:  # journaled, and given to lock_timeout, in whole ms (a journaled 0 reads as 'not given')
+        raise InputError(f"--max-pause must be at least 1ms, not {text!r}", hint="write it like 1s or 500ms")
     if value > MAX_PAUSE_S:  # infinity too: the pause is a lock_timeout, at most 2^31 - 1 ms
         raise InputError(f"--max-pause must be at most {MAX_PAUSE_S}s, not {text!r}", hint="write it like 1s or 500ms")
     return value

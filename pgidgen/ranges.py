@@ -26,10 +26,12 @@ MAX_SHARDS = 1 << 20
 
 def expand(text: str) -> list[int]:
     out: list[int] = []
+    if not text.strip():
+        return out
     for part in text.split(","):
         part = part.strip()
-        if not part:
-            continue
+        if not part:  # '1,,2' or '1,': as '2-', most likely an empty shell variable, whose shards would not move
+            raise InputError(f"{text!r} has an empty part between its commas", hint="write shards like 0-99,120")
         lo, dash, hi = part.partition("-")
         if not lo.isdecimal() or (dash and not hi.isdecimal()):
             raise InputError(f"{part!r} is not a shard number or range", hint="write shards like 0-99,120")

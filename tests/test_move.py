@@ -134,6 +134,10 @@ def test_refusals_cli(config: Config, config_file: Path) -> None:
     assert run("1", "db2", "--max-pause", "soon") == "Error: 'soon' is not a duration: write it like 1s, 500ms or 2.5"
     assert run("1", "db2", "--max-pause", "inf") == "Error: --max-pause must be at most 2147483s, not 'inf': write it like 1s or 500ms"
     assert run("1", "db2", "--max-pause", "0ms") == "Error: --max-pause must be more than 0, not '0ms'"
+    # under 1 ms it was journaled as 0 ms (a --resume then took the default, 1s), the freeze's lock_timeout was 1 ms
+    # anyway, and 1e-9 waited out the 10-minute catch-up, then left a failed move to roll back (found by a review)
+    assert run("1", "db2", "--max-pause", "0.5ms") == "Error: --max-pause must be at least 1ms, not '0.5ms': write it like 1s or 500ms"
+    assert run("1", "db2", "--max-pause", "1e-9") == "Error: --max-pause must be at least 1ms, not '1e-9': write it like 1s or 500ms"
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
         c.execute("CREATE TABLE shard_0.nokey (v int)")
     assert run("0", "db2") == (

@@ -294,6 +294,10 @@ def test_a_malformed_set_of_shards_is_refused(config: Config, config_file: Path)
         res = runner.invoke(main, ["--config", str(config_file), "move-shard", text, "db3"])
         assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (text, res.output, res.exception)
         assert f"Error: {text!r} is not a shard number or range" in res.output, (text, res.output)
+    for text in ("1,,2", "1,2,", ",2"):  # an empty part (an empty shell variable's) moved the others alone
+        res = runner.invoke(main, ["--config", str(config_file), "move-shard", text, "db3"])
+        assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (text, res.output, res.exception)
+        assert f"Error: {text!r} has an empty part between its commas: write shards like 0-99,120" in res.output, (text, res.output)
     # a typo naming ten billion shards is refused before the list is built (it filled memory first)
     res = runner.invoke(main, ["--config", str(config_file), "move-shard", "0-9999999999", "db3"])
     assert res.exit_code == 1 and "'0-9999999999' names more than 1048576 shards" in res.output, res.output
