@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 import psycopg
 import psycopg.conninfo
 import pytest
+from psycopg import sql
 from click.testing import CliRunner, Result
 from movekit import Writer, leftovers
 from privkit import Grant, drop, least_privileged, names
@@ -292,6 +293,11 @@ def test_check_names_a_target_that_cannot_reach_the_source(pg_servers: list[Test
         write_config(o.path, Layout.make(), dsns)
         o.dsns = dsns
         assert o.cli("init", "--shards", "4", "--databases", "db1").exit_code == 0
+        with psycopg.connect(dsns["db1"], autocommit=True) as c:  # owned by the target's role (else that is refused first)
+            c.execute(sql.SQL("ALTER SCHEMA shard_1 OWNER TO {}").format(sql.Identifier(o.role)))
+            for kind, name in c.execute("SELECT 'SEQUENCE', oid::regclass::text FROM pg_class WHERE relnamespace = 'shard_1'::regnamespace"
+                                        " UNION ALL SELECT 'FUNCTION', oid::regprocedure::text FROM pg_proc WHERE pronamespace = 'shard_1'::regnamespace").fetchall():
+                c.execute(sql.SQL(f"ALTER {kind} {name} OWNER TO {{}}").format(sql.Identifier(o.role)))
         r = o.cli("check")
         assert r.exit_code == 1
         line = next((ln for ln in r.output.splitlines() if ln.startswith("db2: FAIL reach db1:")), "")
