@@ -36,6 +36,8 @@ def _duration(text: str) -> float:
         raise InputError(f"{text!r} is not a duration", hint="write it like 1s, 500ms or 2.5") from None
     if not value > 0:
         raise InputError(f"--max-pause must be more than 0, not {text!r}")
+    if value < 0.001:  # journaled, and given to lock_timeout, in whole ms (a journaled 0 reads as 'not given')
+        raise InputError(f"--max-pause must be at least 1ms, not {text!r}", hint="write it like 1s or 500ms")
     if value > MAX_PAUSE_S:  # infinity too: the pause is a lock_timeout, at most 2^31 - 1 ms
         raise InputError(f"--max-pause must be at most {MAX_PAUSE_S}s, not {text!r}", hint="write it like 1s or 500ms")
     return value
@@ -98,15 +100,26 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
     if dry_run:
         if modes:
             raise ConfigError("--dry-run plans a new move", hint=f"drop {modes[0]}")
+        mode = "offline" if offline else "online"
         if len(shards) > 1:
             batches = move.plan_shards(config, shards, target or "", options=opts)
+            if as_json:  # a script reads the plan: the same as the lines below say
+                click.echo(json.dumps({"dry_run": True, "shards": collapse(shards), "target": target, "mode": mode,
+                                       "batches": [b.as_dict(offline) for b in batches]}, indent=2))
+                return
             each = "one copy, its shards' writes paused throughout" if offline else "one slot, publication, subscription, copy and cutover"
             click.echo(f"-- {len(shards)} shards in {len(batches)} batch{'es' if len(batches) > 1 else ''}, each with {each}"
                        f" (the steps 'pgidgen move-shard N{' --offline' if offline else ''} --dry-run' prints, for all its shards at once):")
             for b in batches:
                 click.echo(f"-- {b.line(offline)}")
             return
-        for step in move.plan_move(config, shards[0], target or "", options=opts):
+        steps = move.plan_move(config, shards[0], target or "", options=opts)
+        if as_json:
+            click.echo(json.dumps({"dry_run": True, "shard": shards[0], "target": target, "mode": mode,
+                                   "steps": [{"step": st.name, "database": st.database, "what": st.what, "locks": st.locks, "sql": st.sql}
+                                             for st in steps]}, indent=2))
+            return
+        for step in steps:
             click.echo(f"-- [{step.name}] on {step.database}: {step.what}")
             for lock in step.locks:
                 click.echo(f"--   lock: {lock}")

@@ -120,7 +120,30 @@ def passwords_in(dsn: str) -> list[str]:
         found += [m.group(1) for m in _QUERY_PASSWORD_RE.finditer(unquote(dsn))]
     elif unparsable:  # password=pa ss/wo'rd: libpq quotes the tokens after the first space ("ss/wo'rd")
         found += [m.group(1).strip() for m in _WIDE_PASSWORD_RE.finditer(dsn)]
+        found += _bare_words(dsn)
     return [p for p in found if p]
+
+
+#: a keyword string's key = value pair (a value quoted, or up to a space not escaped), and a word that is neither
+_PAIR_RE = re.compile(r"\s*[^\s=']+\s*=\s*(?:'(?:[^'\\]|\\.)*'|(?:\\.|[^\s\\])*)")
+_WORD_RE = re.compile(r"\s*('(?:[^'\\]|\\.)*'?|(?:\\.|\S)+)")
+
+
+def _bare_words(dsn: str) -> list[str]:
+    """The words of a keyword string that are no key = value pair: libpq quotes the first ('missing "=" after
+    ...'), and one is most likely a password put where the whole string goes (a ${VAR} holding only it), or
+    one whose 'password=' was left out."""
+    words: list[str] = []
+    i = 0
+    while i < len(dsn):
+        m = _PAIR_RE.match(dsn, i)
+        if m is None or m.end() == i:
+            m = _WORD_RE.match(dsn, i)
+            if m is None or m.end() == i:
+                break
+            words.append(m.group(1).strip("'"))
+        i = m.end()
+    return words
 
 
 #: A config's ${VAR} reference, as written (not a password: the value comes from the environment, and is registered

@@ -2,6 +2,7 @@
 CLI's refusals, --verify-in-pause and --drop-source, a target without a catalog."""
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -133,6 +134,10 @@ def test_refusals_cli(config: Config, config_file: Path) -> None:
     assert run("1", "db2", "--max-pause", "soon") == "Error: 'soon' is not a duration: write it like 1s, 500ms or 2.5"
     assert run("1", "db2", "--max-pause", "inf") == "Error: --max-pause must be at most 2147483s, not 'inf': write it like 1s or 500ms"
     assert run("1", "db2", "--max-pause", "0ms") == "Error: --max-pause must be more than 0, not '0ms'"
+    # under 1 ms it was journaled as 0 ms (a --resume then took the default, 1s), the freeze's lock_timeout was 1 ms
+    # anyway, and 1e-9 waited out the 10-minute catch-up, then left a failed move to roll back (found by a review)
+    assert run("1", "db2", "--max-pause", "0.5ms") == "Error: --max-pause must be at least 1ms, not '0.5ms': write it like 1s or 500ms"
+    assert run("1", "db2", "--max-pause", "1e-9") == "Error: --max-pause must be at least 1ms, not '1e-9': write it like 1s or 500ms"
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
         c.execute("CREATE TABLE shard_0.nokey (v int)")
     assert run("0", "db2") == (
@@ -247,6 +252,14 @@ def test_dry_run_changes_nothing(config: Config, config_file: Path) -> None:
                    "DROP SUBSCRIPTION", "COPY \"shard_1\".\"t\" (\"id\", \"v\", \"note\") FROM STDIN (FORMAT binary, FREEZE)",
                    "\"pg_catalog\".\"hashint8extended\"(r.\"id\", 1)"):
         assert needle in out, needle
+    # --json: the same plan as JSON (it printed the text above, which no JSON reader takes: found by a review)
+    res = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "1", "db3", "--dry-run", "--json"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.output)
+    assert (plan["dry_run"], plan["shard"], plan["target"], plan["mode"]) == (True, 1, "db3", "online")
+    assert [st["step"] for st in plan["steps"]][:3] == ["prepare", "publication", "copy"]
+    assert any("lock: EXCLUSIVE on 2 tables" in f"lock: {lock}" for st in plan["steps"] for lock in st["locks"]), plan
+    assert any("DROP SUBSCRIPTION" in st["sql"] for st in plan["steps"])
     assert leftovers(config.databases) == []
     assert state_of(config.dsn("db1"), 1) == ("active", "shard_1")
     with psycopg.connect(config.dsn("db3"), autocommit=True) as c:

@@ -2,6 +2,7 @@
 at every step then rollback and resume of the whole batch; batches cut smaller when their pause would not fit."""
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -269,6 +270,13 @@ def test_dry_run_of_a_set_prints_its_batches_and_changes_nothing(config: Config,
     lines = res.output.splitlines()
     assert lines[0].startswith("-- 4 shards in 1 batch, each with one copy, its shards' writes paused throughout"), lines
     assert lines[1].startswith("-- shards 0-3 (4): db1 -> db3, writes to them paused for the whole copy, about "), lines
+    for extra, pause in (((), int), (("--offline",), type(None))):  # --json: the batches as JSON, not the lines
+        res = runner.invoke(main, ["--config", str(config_file), "move-shard", "0-3", "db3", "--dry-run", "--json", *extra])
+        assert res.exit_code == 0, res.output
+        plan = json.loads(res.output)
+        assert (plan["shards"], plan["target"], plan["mode"]) == ("0-3", "db3", "offline" if extra else "online")
+        [batch] = plan["batches"]
+        assert (batch["shards"], batch["count"], batch["source"]) == ("0-3", 4, "db1") and isinstance(batch["estimated_pause_ms"], pause)
     assert leftovers(config.databases) == [] and replication_objects_made(config.dsn("db1")) == 0
     res = runner.invoke(main, ["--config", str(config_file), "move-shard", "0-3", "--resume"])
     assert res.exit_code == 1 and "Error: --resume takes one shard, not 0-3" in res.output, res.output

@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 import psycopg
 import psycopg.conninfo
 import pytest
+from psycopg import sql
 from click.testing import CliRunner, Result
 from movekit import Writer, leftovers
 from privkit import Grant, drop, least_privileged, names
@@ -148,6 +149,45 @@ def test_a_least_privileged_role_inits_applies_ddl_and_moves(owner: Owner, tmp_p
     o.assert_password_nowhere()
 
 
+def test_a_shard_object_of_a_role_the_movers_cannot_act_as_is_refused_before_anything_is_written(owner: Owner) -> None:
+    """A table of the shard owned by another role (a migration role's, say): the source's role must read and lock it
+    as its owner, the target's must create it owned by that role (ALTER ... OWNER TO needs SET on it). Each was
+    found halfway: a "permission denied" database error to report, or a restore that failed after the slot and
+    the publication existed, with a journaled move to roll back. Now one line each, before anything is written."""
+    o = owner
+    assert o.cli("init", "--shards", "4", "--databases", "db1").exit_code == 0
+    other = f"{o.role}_mig"
+    admins = [f"host={s.datadir} port={s.port} user={sandbox.SUPERUSER} dbname={o.dbname}" for s in o.servers]
+    for a in admins:
+        with psycopg.connect(a, autocommit=True) as c:
+            c.execute(f'CREATE ROLE "{other}"')
+    try:
+        with psycopg.connect(admins[0], autocommit=True) as c:
+            c.execute("CREATE TABLE shard_1.t (id bigint PRIMARY KEY DEFAULT shard_1.next_id(), v int)")
+            c.execute(f'ALTER TABLE shard_1.t OWNER TO "{other}"')
+        for extra in ((), ("--offline",), ("--dry-run",)):
+            r = o.cli("move-shard", "1", "db2", *extra)
+            assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+            assert f"role {o.role} cannot read and lock the objects of shard_1 owned by {other}" in r.output, r.output
+            assert f'GRANT "{other}" TO "{o.role}" on db1\'s server' in r.output, r.output
+        with psycopg.connect(admins[0], autocommit=True) as c:
+            c.execute(f'GRANT "{other}" TO "{o.role}"')
+        for extra in ((), ("--offline",), ("--dry-run",)):
+            r = o.cli("move-shard", "1", "db2", *extra)
+            assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+            assert f"role {o.role} cannot create the objects of shard_1 owned by {other}, as they are on db1" in r.output, r.output
+            assert f'GRANT "{other}" TO "{o.role}" on db2\'s server' in r.output, r.output
+        assert o.moves() == [] and leftovers(o.dsns) == []
+        with psycopg.connect(o.dsns["db2"]) as c:
+            assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'shard%'").fetchone() == (0,)
+        o.assert_password_nowhere()
+    finally:
+        o.close()  # the databases first: the role owns a table in one
+        for a in admins:
+            with psycopg.connect(a.replace(f"dbname={o.dbname}", "dbname=postgres"), autocommit=True) as c:
+                c.execute(f'DROP ROLE IF EXISTS "{other}"')
+
+
 def test_check_names_a_role_without_replication(pg_servers: list[TestServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     o = Owner(_sandboxed(pg_servers[:2]), tmp_path, monkeypatch, Grant(replication=False))
     try:
@@ -253,6 +293,11 @@ def test_check_names_a_target_that_cannot_reach_the_source(pg_servers: list[Test
         write_config(o.path, Layout.make(), dsns)
         o.dsns = dsns
         assert o.cli("init", "--shards", "4", "--databases", "db1").exit_code == 0
+        with psycopg.connect(dsns["db1"], autocommit=True) as c:  # owned by the target's role (else that is refused first)
+            c.execute(sql.SQL("ALTER SCHEMA shard_1 OWNER TO {}").format(sql.Identifier(o.role)))
+            for kind, name in c.execute("SELECT 'SEQUENCE', oid::regclass::text FROM pg_class WHERE relnamespace = 'shard_1'::regnamespace"
+                                        " UNION ALL SELECT 'FUNCTION', oid::regprocedure::text FROM pg_proc WHERE pronamespace = 'shard_1'::regnamespace").fetchall():
+                c.execute(sql.SQL(f"ALTER {kind} {name} OWNER TO {{}}").format(sql.Identifier(o.role)))
         r = o.cli("check")
         assert r.exit_code == 1
         line = next((ln for ln in r.output.splitlines() if ln.startswith("db2: FAIL reach db1:")), "")

@@ -93,6 +93,11 @@ class Batch:
     def shards(self) -> list[int]:
         return [c.shard for c in self.ctxs]
 
+    def as_dict(self, offline: bool = False) -> dict[str, Any]:
+        """What line() says (offline, no estimate: writes pause for the whole copy)."""
+        return {"shards": collapse(self.shards), "count": len(self.ctxs), "source": self.ctxs[0].source, "target": self.ctxs[0].target,
+                "estimated_pause_ms": None if offline else round(self.pause_s * 1000), "locks": self.locks}
+
     def line(self, offline: bool = False) -> str:
         pause = "writes to them paused for the whole copy" if offline else f"estimated write pause {self.pause_s * 1000:.0f} ms"
         return (f"shards {collapse(self.shards)} ({len(self.ctxs)}): {self.ctxs[0].source} -> {self.ctxs[0].target},"

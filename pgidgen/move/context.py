@@ -413,6 +413,52 @@ def check_roles(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Co
         )
 
 
+#: The roles that own the schemas' objects (ROLES_OF_SCHEMA_SQL's owners, and the roles of default privileges):
+#: pg_dump's output makes each of them an owner again (ALTER ... OWNER TO, ALTER DEFAULT PRIVILEGES FOR ROLE).
+OWNERS_OF_SCHEMAS_SQL = ROLES_OF_SCHEMA_SQL.replace("nspname = %(schema)s", "nspname = ANY(%(schemas)s)").replace(
+    "    UNION SELECT (pg_catalog.aclexplode(acl)).grantee FROM objs WHERE acl IS NOT NULL\n"
+    "    UNION SELECT (pg_catalog.aclexplode(acl)).grantor FROM objs WHERE acl IS NOT NULL\n"
+    "    UNION SELECT pg_catalog.unnest(pol.polroles) FROM pg_catalog.pg_policy pol JOIN pg_catalog.pg_class c ON c.oid = pol.polrelid JOIN n ON c.relnamespace = n.oid\n",
+    "")
+assert OWNERS_OF_SCHEMAS_SQL.count("UNION SELECT") == 0
+
+#: Of the roles %s, those (existing on this server) the session's role cannot act as: it lacks their privileges
+#: (USAGE: a member that inherits them) or, with a second privilege, that too (SET, 16+: needed to make a role an
+#: owner; on 15 membership, which USAGE implies).
+_CANNOT_ACT_AS_SQL = """
+SELECT pg_catalog.array_agg(r ORDER BY r) FROM pg_catalog.unnest(%s::text[]) AS r
+WHERE r IN (SELECT rolname FROM pg_catalog.pg_roles)
+  AND NOT (pg_catalog.pg_has_role(r::name, 'USAGE') AND pg_catalog.pg_has_role(r::name, %s))
+"""
+
+
+def owners_out_of_reach(ctxs: list[ShardContext], src: psycopg.Connection[Any], conn: psycopg.Connection[Any], *, target: bool) -> list[str]:
+    """The owners of the shards' objects (on the source) that conn's role (on the source, or the target) cannot
+    act as: the move reads, locks and retires the objects on the source, and creates them owned by the same roles
+    on the target. Either fails halfway otherwise (permission denied, "must be able to SET ROLE")."""
+    owners = src.execute(OWNERS_OF_SCHEMAS_SQL, {"schemas": [c.schema for c in ctxs]}).fetchone()[0] or []  # type: ignore[index]
+    second = "SET" if target and conn.info.server_version >= 160000 else "USAGE"
+    return list(conn.execute(_CANNOT_ACT_AS_SQL, (list(owners), second)).fetchone()[0] or [])  # type: ignore[index]
+
+
+def check_owners(ctxs: list[ShardContext], src: psycopg.Connection[Any], conn: psycopg.Connection[Any], *, target: bool) -> None:
+    """A one-line refusal, before anything is written, when owners_out_of_reach finds any."""
+    roles = owners_out_of_reach(ctxs, src, conn, target=target)
+    if not roles:
+        return
+    ctx = ctxs[0]
+    where, user = ctx.target if target else ctx.source, conn.info.user
+    what = ctx.schema if len(ctxs) == 1 else f"shards {collapse([c.shard for c in ctxs])}"
+    grant = f"GRANT {', '.join(q.ident(r) for r in roles)} TO {q.ident(user)}"
+    if target:
+        raise MoveError(f"role {user} cannot create the objects of {what} owned by {', '.join(roles)}, as they are on {ctx.source}"
+                        f" (it is not a member of {'them' if len(roles) > 1 else 'it'} with SET and INHERIT)",
+                        where=where, hint=f"{grant} on {where}'s server (or move as a role that is), then move")
+    raise MoveError(f"role {user} cannot read and lock the objects of {what} owned by {', '.join(roles)}"
+                    f" (it is not a member of {'them' if len(roles) > 1 else 'it'} with INHERIT)",
+                    where=where, hint=f"{grant} on {where}'s server (or move as a role that is), then move")
+
+
 def outside_dependents(conn: psycopg.Connection[Any], schema: str, *, prepare: bool | None = None) -> list[str]:
     return [str(r[0]) for r in conn.execute(q.OUTSIDE_DEPENDENTS_SQL, {"schema": schema}, prepare=prepare)]
 
@@ -471,6 +517,7 @@ def check_batch(ctxs: list[ShardContext], src: psycopg.Connection[Any], tgt: psy
     if len(ctxs) == 1:
         check_outside_dependents(ctxs[0], src)
         check_roles(ctxs[0], src, tgt)
+        check_owners(ctxs, src, tgt, target=True)
         check_external_references(ctxs[0], src, tgt)
         return
     ctx, schemas = ctxs[0], [c.schema for c in ctxs]
@@ -487,6 +534,7 @@ def check_batch(ctxs: list[ShardContext], src: psycopg.Connection[Any], tgt: psy
             f" {'do' if len(missing) > 1 else 'does'} not exist on {ctx.target}",
             hint=f"create {'them' if len(missing) > 1 else 'it'} on {ctx.target} (roles belong to the server, not the database), then move",
         )
+    check_owners(ctxs, src, tgt, target=True)
     gone = _missing_references(src, tgt, q.EXTERNAL_REFERENCES_ANY_SQL, {"schemas": schemas})
     if gone:
         raise MoveError(

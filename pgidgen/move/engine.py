@@ -23,6 +23,7 @@ from .context import (
     MoveError,
     ShardContext,
     check_batch,
+    check_owners,
     check_no_other_move,
     check_servers,
     check_tables,
@@ -225,6 +226,7 @@ def _move_batch(
             raise ConflictError(f"shard{'s' if len(gone) > 1 else ''} {collapse(gone)} left database {ctx.source} while the move was starting", hint="see 'pgidgen map'")
         if clients_refused is not None:
             raise clients_refused
+        check_owners(ctxs, admin, admin, target=False)  # else reading the tables fails with "permission denied"
         read = read_tables_of(admin, [c.schema for c in ctxs])
         for c in ctxs:
             c.source_schema = c.schema

@@ -7,7 +7,7 @@ from typing import Sequence
 from ..config import Config
 from ..db import connect
 from . import sqltext as q
-from .context import check_external_references, check_outside_dependents, check_roles, check_servers, check_tables, locate, read_tables
+from .context import check_external_references, check_outside_dependents, check_owners, check_roles, check_servers, check_tables, locate, read_tables
 from .engine import MoveOptions
 from .sqltext import ColumnHash, PlannedStep
 from .transfer import TableCopy, plan_tables
@@ -19,6 +19,7 @@ def plan_move(config: Config, shard: int, target: str, *, options: MoveOptions |
     ctx = locate(config, shard, target)
     src = connect(ctx.source, config.dsn(ctx.source), autocommit=True)
     try:
+        check_owners([ctx], src, src, target=False)
         ctx.tables, ctx.sequences = read_tables(src, ctx.schema)
         columns = column_hashes(src, ctx.schema)
         check_tables(ctx, online=not opts.offline)
@@ -26,6 +27,7 @@ def plan_move(config: Config, shard: int, target: str, *, options: MoveOptions |
         tgt = connect(target, config.dsn(target), autocommit=True)
         try:
             check_roles(ctx, src, tgt)
+            check_owners([ctx], src, tgt, target=True)
             check_external_references(ctx, src, tgt)
             if not opts.offline:
                 check_servers(ctx, src, tgt)
