@@ -373,7 +373,8 @@ def unasked_password(source: psycopg.Connection[Any], target_facts: Facts) -> Re
                    " password and make pg_hba.conf ask for it (scram-sha-256)")
 
 
-def reach_finding(target_name: str, source_name: str, refusal: Refusal | None) -> Finding:
+def reach_finding(target_name: str, source_name: str, refusal: Refusal | None, *, custom: bool = False) -> Finding:
+    """custom: the login tried is a --subscription-dsn's, not the config's (what to fix is then the one given)."""
     item = f"reach {source_name}"
     if refusal is None:
         return Finding(target_name, item, True, f"the server logs in to {source_name} as a subscription would")
@@ -382,13 +383,23 @@ def reach_finding(target_name: str, source_name: str, refusal: Refusal | None) -
                        "GRANT pg_create_subscription (with INHERIT, on 16+) and CREATE on the database to the role,"
                        " use a superuser's DSN for this database, or move with --offline", stops="move to")
     if refusal.sqlstate == "57014":  # subscribe_quietly's timeout: the login got no answer at all
+        if not custom:
+            return Finding(target_name, item, False, f"the server's login to {source_name} as a subscription timed out: {refusal.message}",
+                           f"check that the source's server is up and answering at that address and that {target_name}'s server"
+                           " reaches it (network, firewall); or pass --subscription-dsn to move-shard with an address it answers on",
+                           stops="move to")
         return Finding(target_name, item, False, f"the server's login to {source_name} as a subscription timed out: {refusal.message}",
-                       f"check that the source's server is up and answering at that address and that {target_name}'s server"
-                       " reaches it (network, firewall); or pass --subscription-dsn to move-shard with an address it answers on",
+                       f"check that the source's server answers at the address of the --subscription-dsn given, from"
+                       f" {target_name}'s server (network, firewall), or give --subscription-dsn an address it answers on",
+                       stops="move to")
+    if not custom:
+        return Finding(target_name, item, False, f"the server cannot log in to {source_name} as a subscription: {refusal.message}",
+                       f"the target server itself must reach {source_name} with the config's connection string (a host it can"
+                       " resolve, pg_hba.conf on the source allowing it with a password); or pass --subscription-dsn to move-shard",
                        stops="move to")
     return Finding(target_name, item, False, f"the server cannot log in to {source_name} as a subscription: {refusal.message}",
-                   f"the target server itself must reach {source_name} with the config's connection string (a host it can"
-                   " resolve, pg_hba.conf on the source allowing it with a password); or pass --subscription-dsn to move-shard",
+                   f"the target server itself must reach {source_name} with the --subscription-dsn given (a host it can resolve,"
+                   " pg_hba.conf on the source allowing it with a password): fix it, or leave it out to use the config's",
                    stops="move to")
 
 

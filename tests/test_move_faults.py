@@ -135,6 +135,8 @@ def test_a_subscription_that_cannot_log_in_is_refused_before_journaling(config: 
     assert len(res.output.strip().splitlines()) == 1, res.output
     assert res.output.startswith("Error: the server cannot log in to db1 as a subscription: "), res.output
     assert "(db3)" in res.output and "--subscription-dsn" in res.output and "SubSecret99" not in res.output
+    # what to fix is the --subscription-dsn given (the hint used to offer passing one)
+    assert "with the --subscription-dsn given" in res.output and "or pass --subscription-dsn" not in res.output, res.output
     target = next(s for s in pg_servers if s.name == "db3")
     if target.server is not None:
         assert "SubSecret99" not in Path(target.server.logfile).read_text(errors="replace")

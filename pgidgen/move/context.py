@@ -305,7 +305,7 @@ def check_pair(source: str, target: str, src: psycopg.Connection[Any], tgt: psyc
     if conninfo is not None:
         reason = (None if custom else unasked_password(src, target_facts)) or (probed() if probed is not None else probe_subscription(tgt, conninfo))
         if reason is not None:
-            f = reach_finding(target, source, reason)
+            f = reach_finding(target, source, reason, custom=custom)
             raise MoveError(f.text, where=f.database, hint=f.fix)
 
 
