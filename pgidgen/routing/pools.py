@@ -51,15 +51,16 @@ def behind_pooler(conn: psycopg.Connection[Any]) -> bool:
 
 def policy_for(config: Config, name: str, application_name: str) -> Policy:
     pooler = config.poolers.get(name)
+    dsn = config.app_dsn(name)
+    timeout = timeout_for(dsn)
     if pooler is None:
         try:
-            with psycopg.connect(config.app_dsn(name), autocommit=True, application_name=application_name,
-                                 **timeout_for(config.app_dsn(name))) as conn:
+            with psycopg.connect(dsn, autocommit=True, application_name=application_name, **timeout) as conn:
                 pooler = "transaction" if behind_pooler(conn) else "none"  # its mode unknown: assume the strictest
         except psycopg.Error:
             pooler = "transaction"  # unreachable now: the pool reports it; safe settings meanwhile
     prepare = pooler != "transaction" or name in config.pooler_prepares
-    return Policy(pooler=pooler, prepare=prepare, timeout=tuple(timeout_for(config.app_dsn(name)).items()))
+    return Policy(pooler=pooler, prepare=prepare, timeout=tuple(timeout.items()))
 
 
 def _waiting(pool: ConnectionPool) -> bool:
