@@ -131,6 +131,12 @@ def test_refusals_cli(config: Config, config_file: Path) -> None:
     assert run("1", "nosuch") == f"Error: unknown database 'nosuch' ({config_file}): configured databases are: db1, db2, db3"
     assert run("1") == "Error: TARGET_DB is missing: pgidgen move-shard 1 DB (databases: db1, db2, db3)"
     assert run("1", "--resume") == "Error: no interrupted move of shard 1 was found: nothing to resume or roll back; see 'pgidgen map'"
+    # options of a move given to a command that moves nothing were silently ignored (found by a review)
+    assert run("1", "--cleanup", "--max-pause", "5s") == "Error: --cleanup moves nothing: --max-pause would have no effect with it: drop --max-pause"
+    assert run("1", "--rollback", "--offline", "--drop-source") == (
+        "Error: --rollback moves nothing: --offline and --drop-source would have no effect with it: drop --offline --drop-source")
+    assert run("1", "--verify", "--subscription-dsn", "host=x") == (
+        "Error: --verify moves nothing: --subscription-dsn would have no effect with it: drop --subscription-dsn")
     assert run("1", "db2", "--max-pause", "soon") == "Error: 'soon' is not a duration: write it like 1s, 500ms or 2.5"
     assert run("1", "db2", "--max-pause", "inf") == "Error: --max-pause must be at most 2147483s, not 'inf': write it like 1s or 500ms"
     assert run("1", "db2", "--max-pause", "0ms") == "Error: --max-pause must be more than 0, not '0ms'"
