@@ -39,8 +39,10 @@ def schema_name(shard: int) -> str:
 #: to the functions reach databases initialised before them. 1: no comment (before the first fix needing it);
 #: 3: advance_generator's message for a negative ID; 4: claim_shard's advisory claim lock; 5: pgidgen.claim, the
 #: claim Routers CALL; 6: decode, shard_of, id_time and id_sequence refuse (22003) a bigint that is not an ID of
-#: the layout (negative, or wider than its fields) instead of masking it into another ID's fields.
-CATALOG_REVISION = 6
+#: the layout (negative, or wider than its fields) instead of masking it into another ID's fields; 7: pgidgen.claim
+#: remembers a shard it found served until pgidgen.map_version moves, and claim_fence makes a change that takes a
+#: shard out of service take its claim lock (what keeps that true).
+CATALOG_REVISION = 7
 #: The installed catalog's revision, as a SQL expression (1 when the comment is missing).
 CATALOG_REVISION_SQL = ("coalesce(substring(obj_description(to_regprocedure('pgidgen.min_id(timestamptz)'), 'pg_proc')"
                         " FROM 'revision ([0-9]+)')::int, 1)")

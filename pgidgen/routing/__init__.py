@@ -14,7 +14,9 @@ refreshed on `NOTIFY pgidgen_map` and whenever a route turns out stale); it deci
 decides whether a write may happen is the target database itself: every routed transaction starts with
 `pgidgen.claim_shard(N)`, which takes shard N's claim lock on that database (an advisory lock in share mode,
 held until the transaction ends), then reads that database's `pgidgen.shards` row of shard N and raises
-SQLSTATE PGR01 unless it is 'active' (or 'moving'). A move retires the shard on the old database by UPDATE-ing
+SQLSTATE PGR01 unless it is 'active' (or 'moving'); a session skips that read while the database's map version
+has not moved since one of its write claims found the shard served (sql/catalog.sql: pgidgen.claim, claim_fence
+for why that stays true). A move retires the shard on the old database by UPDATE-ing
 that row in a transaction that first takes the claim lock exclusively, which waits for every holder. So on any
 one database:
 - a transaction that passed the claim holds the lock until it ends: the flip commits after it, so its writes

@@ -1,0 +1,111 @@
+"""pgidgen.claim remembers a shard it found served (sql/catalog.sql has the argument): a session skips the row's
+read while pgidgen.map_version stays where it was when a write claim read the row. These tests hold it to the two
+things that keep that true: a change to the map is seen at once (the version moved), and a change that takes a
+shard out of service waits for the writes that claimed it (claim_fence), so no write claims it while the change is
+open and then remembers the row the change has not committed yet."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from test_routing import count, hand_move, insert, sharded  # noqa: F401 - fixtures
+
+from pgidgen.config import Config
+from pgidgen.routing import Router
+
+
+def _served(conn: psycopg.Connection[Any], shard: int) -> str | None:
+    row = conn.execute("SELECT current_setting(%s, true)", (f"pgidgen.served_{shard}",)).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _version(dsn: str) -> str:
+    with psycopg.connect(dsn) as c:
+        row = c.execute("SELECT pg_sequence_last_value('pgidgen.map_version')::text").fetchone()
+        assert row is not None and row[0] is not None
+        return str(row[0])
+
+
+def _claim(conn: psycopg.Connection[Any], shard: int, *, write: bool = True) -> str | None:
+    """One claim in a transaction of its own: None if it passed, else its SQLSTATE."""
+    try:
+        conn.execute("CALL pgidgen.claim(%s, %s, %s)", (shard, f"shard_{shard}", write))
+        conn.commit()
+        return None
+    except psycopg.Error as e:
+        conn.rollback()
+        return e.sqlstate
+
+
+def _wait_for_advisory_waiters(dsn: str, n: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as c:
+        while c.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' AND datname = current_database()").fetchone()[0] < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"fewer than {n} sessions wait for an advisory lock")
+            time.sleep(0.005)
+
+
+def test_a_write_claim_remembers_and_a_move_is_seen_at_once(sharded: Config) -> None:
+    """Only a write claim remembers (a read takes no lock); the next claim on the session, read or write, passes on
+    it; after the shard moves (a real flip of the row and the schema), the same session is refused (PGR01)."""
+    db1 = sharded.dsn("db1")
+    with psycopg.connect(db1) as conn:
+        assert _claim(conn, 2, write=False) is None and _served(conn, 2) is None
+        assert _claim(conn, 2) is None
+        assert _served(conn, 2) == _version(db1)  # remembered at the map's version
+        assert _claim(conn, 2) is None and _claim(conn, 2, write=False) is None
+        hand_move(sharded, 2, "db1", "db3")
+        assert _claim(conn, 2) == "PGR01" and _claim(conn, 2, write=False) == "PGR01"
+        assert _claim(conn, 1) is None  # another shard's claim reads its row again and passes
+
+
+@pytest.mark.parametrize("change", [
+    "UPDATE pgidgen.shards SET state = 'retired' WHERE shard = 2",
+    "DELETE FROM pgidgen.shards WHERE shard = 2",
+    "TRUNCATE pgidgen.shards CASCADE",
+], ids=["update", "delete", "truncate"])
+def test_a_change_by_hand_that_retires_a_shard_waits_for_its_writes(sharded: Config, change: str) -> None:
+    """Without claim_fence this is the lost guarantee: a hand edit retires shard 2 but has not committed; a write
+    claims shard 2 meanwhile (the edit took no claim lock), reads the row as still active, remembers it at the
+    version the edit already moved, and from then on writes land on a database that no longer serves the shard.
+    With the fence the edit holds the claim lock from its statement's end to its commit, so the claim waits, then
+    reads the committed change and refuses; and an edit made while a write holds the claim waits for it."""
+    db1 = sharded.dsn("db1")
+    out: dict[str, Any] = {}
+    with psycopg.connect(db1) as writer:
+        assert _claim(writer, 2) is None  # remembered before the edit: the version it moves must undo that
+        with psycopg.connect(db1) as editor:
+            editor.execute(change)
+            t = threading.Thread(target=lambda: out.update(first=_claim(writer, 2)))
+            t.start()
+            _wait_for_advisory_waiters(db1, 1)
+            editor.commit()
+            t.join(20)
+        assert out == {"first": "PGR01"}
+        assert _claim(writer, 2) == "PGR01" and _served(writer, 2) is not None  # the stale entry never passes again
+
+    # the other order: a write holds the claim, the edit waits for it (lock_timeout: it would block until then)
+    with psycopg.connect(sharded.dsn("db2")) as writer, psycopg.connect(sharded.dsn("db2"), autocommit=True) as editor:
+        writer.execute("CALL pgidgen.claim(5, 'shard_5')")
+        editor.execute("SET lock_timeout = '300ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            editor.execute(change.replace("shard = 2", "shard = 5"))
+        writer.commit()
+        editor.execute(change.replace("shard = 2", "shard = 5"))
+        assert _claim(writer, 5) == "PGR01"
+
+
+def test_a_router_session_follows_a_move(sharded: Config) -> None:
+    """Through the Router, on one pooled connection per database: shard 2's writes remembered on db1's session, the
+    shard moves to db3; the next write lands on db3 and nothing more on the copy db1 retired."""
+    with Router(sharded, listen=False, max_age=0, min_size=1, max_size=1, retry_for=5.0) as r:
+        ids = [r.run(2, insert(2, "before")), r.run(2, insert(2, "remembered"))]
+        retired = hand_move(sharded, 2, "db1", "db3")
+        ids += [r.run(2, insert(2, "after")) for _ in range(3)]
+    assert len(set(ids)) == 5 and count(sharded.dsn("db3"), "shard_2") == 5
+    assert count(sharded.dsn("db1"), retired) == 2
