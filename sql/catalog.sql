@@ -93,7 +93,7 @@ REVOKE ALL ON FUNCTION pgidgen.claim_shard(integer, boolean) FROM PUBLIC;
 -- statements) that is most of what the claim costs (measured with pgbench: 5-7 us of 90 a unit on 15, 3-5 on 18).
 -- Not SECURITY DEFINER, and no SET search_path, unlike the catalog's other functions: setting the caller's
 -- search_path is what it is for, and a SET clause would undo that when it returns. So it runs with the caller's
--- rights (SELECT on pgidgen.shards and pgidgen.map_version, which a router needs to read the map anyway), and every
+-- rights (SELECT on pgidgen.shards, and on pgidgen.map_version to remember, which a router reads anyway), and every
 -- name and operator in it is qualified, so no schema on the caller's search_path can stand in for them. Under
 -- REPEATABLE READ and SERIALIZABLE, whose FOR SHARE needs the owner's rights, it calls claim_shard itself. Same
 -- lock, same refusals.
@@ -124,7 +124,11 @@ BEGIN
         PERFORM pg_catalog.pg_advisory_xact_lock_shared(1885825380, -1073741824 OPERATOR(pg_catalog.-) shard);
     END IF;
     served := 'pgidgen.served_' OPERATOR(pg_catalog.||) shard;
-    version := pg_catalog.pg_sequence_last_value('pgidgen.map_version'::pg_catalog.regclass)::pg_catalog.text;
+    -- Only where the role may read it (SELECT on shards was all the CALL needed before): without the right 15's
+    -- pg_sequence_last_value raises 42501 where 18's returns NULL; NULL here on both, and nothing is remembered.
+    IF pg_catalog.has_sequence_privilege('pgidgen.map_version'::pg_catalog.regclass, 'SELECT, USAGE') THEN
+        version := pg_catalog.pg_sequence_last_value('pgidgen.map_version'::pg_catalog.regclass)::pg_catalog.text;
+    END IF;
     IF version IS NULL OR pg_catalog.current_setting(served, true) IS DISTINCT FROM version THEN
         SELECT shards.state INTO st FROM pgidgen.shards WHERE shards.shard OPERATOR(pg_catalog.=) claim.shard;
         IF st IS NULL THEN
