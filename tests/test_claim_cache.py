@@ -138,3 +138,19 @@ def test_a_role_that_may_not_read_the_map_version_claims_without_remembering(sha
         with psycopg.connect(db1, autocommit=True) as a:
             a.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             a.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_a_map_version_with_a_cache_remembers_nothing(sharded: Config) -> None:
+    """With CACHE above 1 on pgidgen.map_version a session's nextval takes several values at once and later ones
+    leave the sequence's stored last value where it was: a change to the map then does not move the version the
+    claim reads. A write that remembered shard 2 at that version passed its claim after the shard was retired."""
+    db1 = sharded.dsn("db1")
+    with psycopg.connect(db1, autocommit=True) as a:
+        a.execute("ALTER SEQUENCE pgidgen.map_version CACHE 10")
+    with psycopg.connect(db1) as writer, psycopg.connect(db1, autocommit=True) as editor:
+        editor.execute("UPDATE pgidgen.shards SET updated_at = now() WHERE shard = 1")  # the editor takes 10 versions
+        assert _claim(writer, 2) is None and _served(writer, 2) is None
+        version = _version(db1)
+        editor.execute("UPDATE pgidgen.shards SET state = 'retired' WHERE shard = 2")
+        assert _version(db1) == version  # what made remembering unsafe
+        assert _claim(writer, 2) == "PGR01"
