@@ -154,3 +154,21 @@ def test_a_map_version_with_a_cache_remembers_nothing(sharded: Config) -> None:
         editor.execute("UPDATE pgidgen.shards SET state = 'retired' WHERE shard = 2")
         assert _version(db1) == version  # what made remembering unsafe
         assert _claim(writer, 2) == "PGR01"
+
+
+def test_a_remembered_claim_reads_no_table(sharded: Config) -> None:
+    """What the remembering is for: a claim on a remembered shard scans no table of the catalog (the counters of
+    the transaction so far, before and after the CALL), where one on a shard not remembered reads its row."""
+    scans = "SELECT coalesce(sum(seq_scan + coalesce(idx_scan, 0)), 0) FROM pg_stat_xact_all_tables WHERE schemaname = 'pgidgen'"
+
+    def scanned(conn: psycopg.Connection[Any], shard: int, write: bool) -> int:
+        before = conn.execute(scans).fetchone()[0]  # type: ignore[index]
+        conn.execute("CALL pgidgen.claim(%s, %s, %s)", (shard, f"shard_{shard}", write))
+        after = conn.execute(scans).fetchone()[0]  # type: ignore[index]
+        conn.rollback()
+        return int(after - before)
+
+    with psycopg.connect(sharded.dsn("db1")) as conn:
+        assert _claim(conn, 2) is None
+        assert scanned(conn, 2, True) == 0 and scanned(conn, 2, False) == 0
+        assert scanned(conn, 1, True) > 0
