@@ -93,7 +93,7 @@ REVOKE ALL ON FUNCTION pgidgen.claim_shard(integer, boolean) FROM PUBLIC;
 -- statements) that is most of what the claim costs (measured with pgbench: 5-7 us of 90 a unit on 15, 3-5 on 18).
 -- Not SECURITY DEFINER, and no SET search_path, unlike the catalog's other functions: setting the caller's
 -- search_path is what it is for, and a SET clause would undo that when it returns. So it runs with the caller's
--- rights (SELECT on pgidgen.shards and pgidgen.map_version, which a router needs to read the map anyway), and every
+-- rights (SELECT on pgidgen.shards, and on pgidgen.map_version to remember, which a router reads anyway), and every
 -- name and operator in it is qualified, so no schema on the caller's search_path can stand in for them. Under
 -- REPEATABLE READ and SERIALIZABLE, whose FOR SHARE needs the owner's rights, it calls claim_shard itself. Same
 -- lock, same refusals.
@@ -124,7 +124,11 @@ BEGIN
         PERFORM pg_catalog.pg_advisory_xact_lock_shared(1885825380, -1073741824 OPERATOR(pg_catalog.-) shard);
     END IF;
     served := 'pgidgen.served_' OPERATOR(pg_catalog.||) shard;
-    version := pg_catalog.pg_sequence_last_value('pgidgen.map_version'::pg_catalog.regclass)::pg_catalog.text;
+    -- Only where the role may read it (SELECT on shards was all the CALL needed before): without the right 15's
+    -- pg_sequence_last_value raises 42501 where 18's returns NULL; NULL here on both, and nothing is remembered.
+    IF pg_catalog.has_sequence_privilege('pgidgen.map_version'::pg_catalog.regclass, 'SELECT, USAGE') THEN
+        version := pg_catalog.pg_sequence_last_value('pgidgen.map_version'::pg_catalog.regclass)::pg_catalog.text;
+    END IF;
     IF version IS NULL OR pg_catalog.current_setting(served, true) IS DISTINCT FROM version THEN
         SELECT shards.state INTO st FROM pgidgen.shards WHERE shards.shard OPERATOR(pg_catalog.=) claim.shard;
         IF st IS NULL THEN
@@ -134,7 +138,12 @@ BEGIN
             RAISE EXCEPTION 'pgidgen: shard % is % in this database, it moved', shard, st
                 USING ERRCODE = 'PGR01', HINT = 're-read the shard map (pgidgen map) and retry on the database that serves it';
         END IF;
-        IF for_write IS NOT FALSE AND version IS NOT NULL THEN
+        -- Not with CACHE above 1 on the version (ALTER SEQUENCE by hand): a session's nextval then takes several
+        -- values at once and the later ones leave the stored last value where it was, so a change may not move it.
+        -- Read here, on the way to remembering, not on the way that skips the row. (ALTER SEQUENCE waits for this
+        -- transaction: pg_sequence_last_value holds the sequence in ROW EXCLUSIVE.)
+        IF for_write IS NOT FALSE AND version IS NOT NULL AND (SELECT s.seqcache FROM pg_catalog.pg_sequence s
+                WHERE s.seqrelid OPERATOR(pg_catalog.=) 'pgidgen.map_version'::pg_catalog.regclass) OPERATOR(pg_catalog.=) 1 THEN
             PERFORM pg_catalog.set_config(served, version, false);
         END IF;
     END IF;
@@ -146,8 +155,9 @@ $$;
 -- leaving 'active'/'moving', deleted, or renumbered) takes their claim locks exclusively before it commits, so it
 -- waits for every write that claimed them and none claims them while it is open. move-shard's cutover holds these
 -- locks already (this costs it nothing); a change by hand gets the same order, TRUNCATE included. (Triggers off,
--- as with session_replication_role = replica, would skip this and map_changed: don't edit the map that way.) One statement-level query over the
--- transition rows, not a call per row: a batch cutover retires a thousand rows in one UPDATE.
+-- as with session_replication_role = replica, would skip this and map_changed: don't edit the map that way.) One
+-- statement-level query over the transition rows, not a call per row, for an UPDATE of many rows by hand; a batch
+-- cutover retires its shards one UPDATE each (retire_sql), some 5 us more each (1000 shards: 5 ms of the pause).
 CREATE OR REPLACE FUNCTION pgidgen.claim_fence() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN

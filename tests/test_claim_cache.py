@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from test_routing import count, hand_move, insert, sharded  # noqa: F401 - fixtures
 
 from pgidgen.config import Config
 from pgidgen.routing import Router
+from pgidgen.routing.claiming import has_claim_call
 
 
 def _served(conn: psycopg.Connection[Any], shard: int) -> str | None:
@@ -109,3 +112,63 @@ def test_a_router_session_follows_a_move(sharded: Config) -> None:
         ids += [r.run(2, insert(2, "after")) for _ in range(3)]
     assert len(set(ids)) == 5 and count(sharded.dsn("db3"), "shard_2") == 5
     assert count(sharded.dsn("db1"), retired) == 2
+
+
+def test_a_role_that_may_not_read_the_map_version_claims_without_remembering(sharded: Config) -> None:
+    """Before revision 7 a role with SELECT on pgidgen.shards and EXECUTE on the claim could CALL it (routers of
+    that time check no more, docs/sql.md). The version is then not read: on 15 pg_sequence_last_value raises 42501
+    for it, where 18's returns NULL, so the CALL must not depend on which: it claims, refuses, and remembers nothing."""
+    db1 = sharded.dsn("db1")
+    role = "app_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(db1, autocommit=True) as a:
+        a.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        a.execute(sql.SQL("GRANT USAGE ON SCHEMA pgidgen TO {0}; GRANT SELECT ON pgidgen.shards TO {0};"
+                          " GRANT EXECUTE ON FUNCTION pgidgen.claim_shard(integer, boolean) TO {0}").format(sql.Identifier(role)))
+    params = psycopg.conninfo.conninfo_to_dict(db1)
+    params["user"] = role
+    try:
+        with psycopg.connect(**params) as conn:
+            assert _claim(conn, 2) is None and _claim(conn, 2, write=False) is None and _served(conn, 2) is None
+            has_claim_call(conn)
+            assert conn.claim_call  # type: ignore[attr-defined]
+            conn.rollback()
+            hand_move(sharded, 2, "db1", "db3")
+            assert _claim(conn, 2) == "PGR01"
+    finally:
+        with psycopg.connect(db1, autocommit=True) as a:
+            a.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            a.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_a_map_version_with_a_cache_remembers_nothing(sharded: Config) -> None:
+    """With CACHE above 1 on pgidgen.map_version a session's nextval takes several values at once and later ones
+    leave the sequence's stored last value where it was: a change to the map then does not move the version the
+    claim reads. A write that remembered shard 2 at that version passed its claim after the shard was retired."""
+    db1 = sharded.dsn("db1")
+    with psycopg.connect(db1, autocommit=True) as a:
+        a.execute("ALTER SEQUENCE pgidgen.map_version CACHE 10")
+    with psycopg.connect(db1) as writer, psycopg.connect(db1, autocommit=True) as editor:
+        editor.execute("UPDATE pgidgen.shards SET updated_at = now() WHERE shard = 1")  # the editor takes 10 versions
+        assert _claim(writer, 2) is None and _served(writer, 2) is None
+        version = _version(db1)
+        editor.execute("UPDATE pgidgen.shards SET state = 'retired' WHERE shard = 2")
+        assert _version(db1) == version  # what made remembering unsafe
+        assert _claim(writer, 2) == "PGR01"
+
+
+def test_a_remembered_claim_reads_no_table(sharded: Config) -> None:
+    """What the remembering is for: a claim on a remembered shard scans no table of the catalog (the counters of
+    the transaction so far, before and after the CALL), where one on a shard not remembered reads its row."""
+    scans = "SELECT coalesce(sum(seq_scan + coalesce(idx_scan, 0)), 0) FROM pg_stat_xact_all_tables WHERE schemaname = 'pgidgen'"
+
+    def scanned(conn: psycopg.Connection[Any], shard: int, write: bool) -> int:
+        before = conn.execute(scans).fetchone()[0]  # type: ignore[index]
+        conn.execute("CALL pgidgen.claim(%s, %s, %s)", (shard, f"shard_{shard}", write))
+        after = conn.execute(scans).fetchone()[0]  # type: ignore[index]
+        conn.rollback()
+        return int(after - before)
+
+    with psycopg.connect(sharded.dsn("db1")) as conn:
+        assert _claim(conn, 2) is None
+        assert scanned(conn, 2, True) == 0 and scanned(conn, 2, False) == 0
+        assert scanned(conn, 1, True) > 0

@@ -36,18 +36,17 @@ DIAG_SQLSTATE = pq.DiagnosticField.SQLSTATE
 #: invalid_sql_statement_name: the server does not have the prepared statement the cache names.
 LOST_STATEMENT = b"26000"
 #: whether this connection's role may CALL pgidgen.claim (set on each new pooled connection: has_claim_call). It
-#: runs with the caller's rights: the role needs SELECT on pgidgen.shards and pgidgen.map_version, and EXECUTE on
-#: what it calls that claim_shard (SECURITY DEFINER) calls as the catalog's owner, which hardened databases may
-#: revoke from PUBLIC
+#: runs with the caller's rights: the role needs SELECT on pgidgen.shards (and on pgidgen.map_version to remember
+#: a shard served, else it reads the row each time), and EXECUTE on what it calls that claim_shard (SECURITY
+#: DEFINER) calls as the catalog's owner, which hardened databases may revoke from PUBLIC
 HAS_CALL_SQL = (
     "SELECT coalesce(pg_catalog.has_function_privilege(p, 'EXECUTE') AND pg_catalog.has_table_privilege(t, 'SELECT')"
-    " AND pg_catalog.has_sequence_privilege(v, 'SELECT')"
+    " AND pg_catalog.has_function_privilege('pg_catalog.has_sequence_privilege(oid,pg_catalog.text)', 'EXECUTE')"
     " AND pg_catalog.has_function_privilege('pg_catalog.pg_advisory_xact_lock_shared(integer,integer)', 'EXECUTE')"
     " AND pg_catalog.has_function_privilege('pg_catalog.pg_sequence_last_value(pg_catalog.regclass)', 'EXECUTE')"
     " AND pg_catalog.has_function_privilege('pg_catalog.current_setting(pg_catalog.text,boolean)', 'EXECUTE')"
     " AND pg_catalog.has_function_privilege('pg_catalog.current_setting(pg_catalog.text)', 'EXECUTE'), false)"
-    " FROM pg_catalog.to_regprocedure('pgidgen.claim(integer,pg_catalog.text,boolean)') AS p, pg_catalog.to_regclass('pgidgen.shards') AS t,"
-    " pg_catalog.to_regclass('pgidgen.map_version') AS v"
+    " FROM pg_catalog.to_regprocedure('pgidgen.claim(integer,pg_catalog.text,boolean)') AS p, pg_catalog.to_regclass('pgidgen.shards') AS t"
 )
 
 
