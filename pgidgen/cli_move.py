@@ -225,10 +225,6 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
 
     config = get_config(ctx)
     names = config.select(databases)
-    if rollback or verify_only or cleanup:  # they move nothing: a move's option given to them would be ignored
-        unused = [f"--{n.replace('_', '-')}" for n in ("max_pause", "offline", "drop_source", "verify_in_pause", "subscription_dsn") if _typed(ctx, n)]
-        if unused:
-            raise ConfigError(f"{modes[0]} moves nothing: {' and '.join(unused)} would have no effect with it", hint=f"drop {' '.join(unused)}")
     opts = move.MoveOptions(max_pause=_duration(max_pause), offline=offline, drop_source=drop_source)
     if dry_run:
         plan = plan_rebalance(config, names, by=by)
