@@ -16,6 +16,7 @@ from psycopg import sql
 from test_routing import count, hand_move, insert, sharded  # noqa: F401 - fixtures
 
 from pgidgen.config import Config
+from pgidgen.idgen import render_catalog_grants
 from pgidgen.routing import Router
 from pgidgen.routing.claiming import has_claim_call
 
@@ -136,6 +137,30 @@ def test_a_role_that_may_not_read_the_map_version_claims_without_remembering(sha
             assert _claim(conn, 2) == "PGR01"
     finally:
         with psycopg.connect(db1, autocommit=True) as a:
+            a.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            a.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_a_database_that_hides_pg_sequence_claims_without_remembering(sharded: Config) -> None:
+    """Hardened databases may revoke SELECT on catalog tables from PUBLIC; the claim reads pg_sequence (the version's
+    CACHE) on its way to remembering, so there an `init --grant` role's every write claim failed with 42501, where
+    revision 6's CALL passed (found by a review). It claims, refuses, and remembers nothing instead."""
+    db1 = sharded.dsn("db1")
+    role = "app_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(db1, autocommit=True) as a:
+        a.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        a.execute(render_catalog_grants([role]))
+        a.execute("REVOKE SELECT ON pg_catalog.pg_sequence FROM PUBLIC")
+    params = psycopg.conninfo.conninfo_to_dict(db1)
+    params["user"] = role
+    try:
+        with psycopg.connect(**params) as conn:
+            assert _claim(conn, 2) is None and _claim(conn, 2) is None and _served(conn, 2) is None
+            hand_move(sharded, 2, "db1", "db3")
+            assert _claim(conn, 2) == "PGR01"
+    finally:
+        with psycopg.connect(db1, autocommit=True) as a:
+            a.execute("GRANT SELECT ON pg_catalog.pg_sequence TO PUBLIC")
             a.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             a.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
