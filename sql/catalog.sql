@@ -141,10 +141,14 @@ BEGIN
         -- Not with CACHE above 1 on the version (ALTER SEQUENCE by hand): a session's nextval then takes several
         -- values at once and the later ones leave the stored last value where it was, so a change may not move it.
         -- Read here, on the way to remembering, not on the way that skips the row. (ALTER SEQUENCE waits for this
-        -- transaction: pg_sequence_last_value holds the sequence in ROW EXCLUSIVE.)
-        IF for_write IS NOT FALSE AND version IS NOT NULL AND (SELECT s.seqcache FROM pg_catalog.pg_sequence s
-                WHERE s.seqrelid OPERATOR(pg_catalog.=) 'pgidgen.map_version'::pg_catalog.regclass) OPERATOR(pg_catalog.=) 1 THEN
-            PERFORM pg_catalog.set_config(served, version, false);
+        -- transaction: pg_sequence_last_value holds the sequence in ROW EXCLUSIVE.) Only where the role may read
+        -- pg_sequence (hardened databases may revoke it from PUBLIC: the claim would fail with 42501 where it passed).
+        IF for_write IS NOT FALSE AND version IS NOT NULL
+                AND pg_catalog.has_table_privilege('pg_catalog.pg_sequence'::pg_catalog.regclass, 'SELECT') THEN
+            IF (SELECT s.seqcache FROM pg_catalog.pg_sequence s
+                    WHERE s.seqrelid OPERATOR(pg_catalog.=) 'pgidgen.map_version'::pg_catalog.regclass) OPERATOR(pg_catalog.=) 1 THEN
+                PERFORM pg_catalog.set_config(served, version, false);
+            END IF;
         END IF;
     END IF;
     PERFORM pg_catalog.set_config('search_path', path, true);

@@ -8,14 +8,19 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 from psycopg import sql
 from test_routing import count, hand_move, insert, sharded  # noqa: F401 - fixtures
 
+from pgidgen.cli import main
 from pgidgen.config import Config
+from pgidgen.idgen import render_catalog_grants
+from pgidgen.init import init
 from pgidgen.routing import Router
 from pgidgen.routing.claiming import has_claim_call
 
@@ -140,6 +145,30 @@ def test_a_role_that_may_not_read_the_map_version_claims_without_remembering(sha
             a.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+def test_a_database_that_hides_pg_sequence_claims_without_remembering(sharded: Config) -> None:
+    """Hardened databases may revoke SELECT on catalog tables from PUBLIC; the claim reads pg_sequence (the version's
+    CACHE) on its way to remembering, so there an `init --grant` role's every write claim failed with 42501, where
+    revision 6's CALL passed (found by a review). It claims, refuses, and remembers nothing instead."""
+    db1 = sharded.dsn("db1")
+    role = "app_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(db1, autocommit=True) as a:
+        a.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        a.execute(render_catalog_grants([role]))
+        a.execute("REVOKE SELECT ON pg_catalog.pg_sequence FROM PUBLIC")
+    params = psycopg.conninfo.conninfo_to_dict(db1)
+    params["user"] = role
+    try:
+        with psycopg.connect(**params) as conn:
+            assert _claim(conn, 2) is None and _claim(conn, 2) is None and _served(conn, 2) is None
+            hand_move(sharded, 2, "db1", "db3")
+            assert _claim(conn, 2) == "PGR01"
+    finally:
+        with psycopg.connect(db1, autocommit=True) as a:
+            a.execute("GRANT SELECT ON pg_catalog.pg_sequence TO PUBLIC")
+            a.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            a.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
 def test_a_map_version_with_a_cache_remembers_nothing(sharded: Config) -> None:
     """With CACHE above 1 on pgidgen.map_version a session's nextval takes several values at once and later ones
     leave the sequence's stored last value where it was: a change to the map then does not move the version the
@@ -172,3 +201,34 @@ def test_a_remembered_claim_reads_no_table(sharded: Config) -> None:
         assert _claim(conn, 2) is None
         assert scanned(conn, 2, True) == 0 and scanned(conn, 2, False) == 0
         assert scanned(conn, 1, True) > 0
+
+
+#: what revision 7 added, taken back: a revision 6 catalog (its claim remembers nothing, no fence, no TRUNCATE).
+REVISION_6 = """
+DROP TRIGGER claim_fence_update ON pgidgen.shards; DROP TRIGGER claim_fence_delete ON pgidgen.shards;
+DROP TRIGGER claim_fence_truncate ON pgidgen.shards; DROP FUNCTION pgidgen.claim_fence();
+CREATE OR REPLACE TRIGGER map_changed AFTER INSERT OR UPDATE OR DELETE ON pgidgen.shards
+    FOR EACH STATEMENT EXECUTE FUNCTION pgidgen.map_changed();
+CREATE OR REPLACE PROCEDURE pgidgen.claim(shard integer, path text, for_write boolean DEFAULT true) LANGUAGE plpgsql
+AS $$ BEGIN PERFORM pgidgen.claim_shard(shard, for_write); PERFORM pg_catalog.set_config('search_path', path, true); END $$;
+COMMENT ON FUNCTION pgidgen.min_id(timestamptz) IS 'pgidgen catalog revision 6';
+"""
+
+
+@pytest.mark.parametrize("by", ["init", "move"])
+def test_a_revision_6_catalog_gets_the_fence_with_the_memory(config: Config, config_file: Path, by: str) -> None:
+    """The memory is only true with the fence: a database brought up to revision 7, by init or as a move's target,
+    gets both (the claim that remembers, the claim_fence triggers, map_changed on TRUNCATE)."""
+    db = "db1" if by == "init" else "db2"
+    init(config, 4, ["db1", "db2"] if by == "move" else ["db1"])
+    with psycopg.connect(config.dsn(db), autocommit=True) as c:
+        c.execute(REVISION_6)
+    args = ["init", "--shards", "4", "--databases", "db1"] if by == "init" else ["move-shard", "1", "db2"]
+    r = CliRunner().invoke(main, ["--config", str(config_file), *args])
+    assert r.exit_code == 0, r.output
+    with psycopg.connect(config.dsn(db)) as conn:
+        triggers = conn.execute("SELECT array_agg(pg_get_triggerdef(oid) ORDER BY tgname) FROM pg_trigger"
+                                " WHERE tgrelid = 'pgidgen.shards'::regclass AND NOT tgisinternal").fetchone()[0]  # type: ignore[index]
+        assert [t.split()[2] for t in triggers] == ["claim_fence_delete", "claim_fence_truncate", "claim_fence_update", "map_changed"]
+        assert "TRUNCATE" in triggers[-1]
+        assert _claim(conn, 1) is None and _served(conn, 1) == _version(config.dsn(db))

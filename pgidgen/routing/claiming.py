@@ -36,8 +36,8 @@ DIAG_SQLSTATE = pq.DiagnosticField.SQLSTATE
 #: invalid_sql_statement_name: the server does not have the prepared statement the cache names.
 LOST_STATEMENT = b"26000"
 #: whether this connection's role may CALL pgidgen.claim (set on each new pooled connection: has_claim_call). It
-#: runs with the caller's rights: the role needs SELECT on pgidgen.shards (and on pgidgen.map_version to remember
-#: a shard served, else it reads the row each time), and EXECUTE on what it calls that claim_shard (SECURITY
+#: runs with the caller's rights: the role needs SELECT on pgidgen.shards (and on pgidgen.map_version and
+#: pg_catalog.pg_sequence to remember a shard served, else it reads the row each time), and EXECUTE on what it calls that claim_shard (SECURITY
 #: DEFINER) calls as the catalog's owner, which hardened databases may revoke from PUBLIC
 HAS_CALL_SQL = (
     "SELECT coalesce(pg_catalog.has_function_privilege(p, 'EXECUTE') AND pg_catalog.has_table_privilege(t, 'SELECT')"
