@@ -6,7 +6,6 @@ open and then remembers the row the change has not committed yet."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from psycopg import sql
+from test_move_claim import _lock_waiters
 from test_routing import count, hand_move, insert, sharded  # noqa: F401 - fixtures
 
 from pgidgen.cli import main
@@ -47,15 +47,6 @@ def _claim(conn: psycopg.Connection[Any], shard: int, *, write: bool = True) -> 
     except psycopg.Error as e:
         conn.rollback()
         return e.sqlstate
-
-
-def _wait_for_advisory_waiters(dsn: str, n: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    with psycopg.connect(dsn, autocommit=True) as c:
-        while c.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' AND datname = current_database()").fetchone()[0] < n:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"fewer than {n} sessions wait for an advisory lock")
-            time.sleep(0.005)
 
 
 def test_a_write_claim_remembers_and_a_move_is_seen_at_once(sharded: Config) -> None:
@@ -91,7 +82,7 @@ def test_a_change_by_hand_that_retires_a_shard_waits_for_its_writes(sharded: Con
             editor.execute(change)
             t = threading.Thread(target=lambda: out.update(first=_claim(writer, 2)))
             t.start()
-            _wait_for_advisory_waiters(db1, 1)
+            _lock_waiters(db1, 1)
             editor.commit()
             t.join(20)
         assert out == {"first": "PGR01"}
