@@ -37,8 +37,9 @@ DIAG_SQLSTATE = pq.DiagnosticField.SQLSTATE
 LOST_STATEMENT = b"26000"
 #: whether this connection's role may CALL pgidgen.claim (set on each new pooled connection: has_claim_call). It
 #: runs with the caller's rights: the role needs SELECT on pgidgen.shards (and on pgidgen.map_version and
-#: pg_catalog.pg_sequence to remember a shard served, else it reads the row each time), and EXECUTE on what it calls that claim_shard (SECURITY
-#: DEFINER) calls as the catalog's owner, which hardened databases may revoke from PUBLIC
+#: pg_catalog.pg_sequence to remember a shard served, else it reads the row each time), and EXECUTE on what it
+#: calls that claim_shard (SECURITY DEFINER) calls as the catalog's owner, which hardened databases may revoke
+#: from PUBLIC
 HAS_CALL_SQL = (
     "SELECT coalesce(pg_catalog.has_function_privilege(p, 'EXECUTE') AND pg_catalog.has_table_privilege(t, 'SELECT')"
     " AND pg_catalog.has_function_privilege('pg_catalog.has_sequence_privilege(oid,pg_catalog.text)', 'EXECUTE')"
