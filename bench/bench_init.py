@@ -9,7 +9,6 @@ import threading
 from pathlib import Path
 
 import psycopg
-
 from common import best_of, psql, row, section, servers
 
 from pgidgen.config import Config, write_config

@@ -35,10 +35,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import psycopg
-
 from common import client, row, section, servers, table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -182,7 +182,7 @@ def move(config: Config, src: str, running: WriterProcess) -> Moved:
             (report.move_id,)).fetchall()
         # the retired copy's guard calls pgidgen's catalog, which the baseline's empty database lacks
         c.execute(f'DROP TRIGGER pgidgen_retired ON "{report.retired_schema}".t')
-    phases = [(a[0], (b[1] - a[1]).total_seconds()) for a, b in zip(marks, marks[1:])]
+    phases = [(a[0], (b[1] - a[1]).total_seconds()) for a, b in pairwise(marks)]
     return Moved(total, report.pause_ms or 0.0, writer.max_gap * 1000, len(writer.ids), len(writer.errors), phases, report.retired_schema)
 
 
@@ -223,7 +223,7 @@ def one_size(rows: int, dsn1: str, dsn2: str) -> None:
 
     med = statistics.median
     section(f"shard of {rows:,} rows ({size_mb:.0f} MB with its index), median of {ROUNDS} rounds")
-    paired = med(m.seconds / b for m, b in zip(moves, bases))
+    paired = med(m.seconds / b for m, b in zip(moves, bases, strict=True))
     print(f"  RATIO move-shard / (pg_dump -n | psql), {rows:,} rows: {paired:.2f}x (median of the rounds' ratios)", flush=True)
     row("pg_dump | psql (baseline, offline; same writer running)", med(bases), "s")
     row("floor: verified copy, nothing else", med(floors), "s", med(bases), "of pg_dump | psql")
@@ -232,8 +232,8 @@ def one_size(rows: int, dsn1: str, dsn2: str) -> None:
     row("write pause reported by move-shard", med(m.pause_ms for m in moves), "ms")
     row("longest gap between acknowledged writes", med(m.gap_ms for m in moves), "ms")
     table([
-        ("ratio per round", ", ".join(f"{m.seconds / b:.2f}x" for m, b in zip(moves, bases))),
-        ("floor's ratio per round", ", ".join(f"{f / b:.2f}x" for f, b in zip(floors, bases))),
+        ("ratio per round", ", ".join(f"{m.seconds / b:.2f}x" for m, b in zip(moves, bases, strict=True))),
+        ("floor's ratio per round", ", ".join(f"{f / b:.2f}x" for f, b in zip(floors, bases, strict=True))),
         ("pause per round (ms)", ", ".join(f"{m.pause_ms:.0f}" for m in moves)),
         ("writes during a move", f"{moves[-1].writes:,} ({moves[-1].rejected} rejected by the old copy and re-routed)"),
     ])

@@ -13,11 +13,10 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import psycopg
-
 from common import client, psql, row, section, servers
 
 from pgidgen.config import Config
@@ -70,7 +69,7 @@ def concurrent_rate(dsn: str, exprs: list[str], total: int) -> float:
         conn.execute(f"SELECT count({expr}) FROM generate_series(1, {per})")
         done.append(time.perf_counter())
 
-    threads = [threading.Thread(target=work, args=(c, e)) for c, e in zip(conns, exprs)]
+    threads = [threading.Thread(target=work, args=(c, e)) for c, e in zip(conns, exprs, strict=True)]
     for t in threads:
         t.start()
     barrier.wait()
@@ -135,7 +134,7 @@ def pgbench_compare(server: Server, tmp: Path, rounds: int) -> None:
     for m in modes:
         base = runs[m, "t_bigserial"]
         for t, _, label in PGBENCH_TABLES:
-            ratios = sorted(x / b for x, b in zip(runs[m, t], base))
+            ratios = sorted(x / b for x, b in zip(runs[m, t], base, strict=True))
             print(f"  {label + ', -M ' + m:<48} {statistics.median(runs[m, t]):>12.0f} tps   ratio {ratios[len(ratios) // 2]:6.2f}x"
                   f" of bigserial (median of {len(ratios)} rounds; range {ratios[0]:.2f}-{ratios[-1]:.2f})", flush=True)
 
@@ -168,9 +167,9 @@ def run() -> None:
         total = max(IDS // 2, 80_000)
         section(f"aggregate IDs/s, {total} IDs split over N concurrent sessions (2 cores), best of {ROUNDS}")
         for n in SESSIONS:
-            one = best_rate(lambda: concurrent_rate(dsn, ["shard_1.next_id()"] * n, total))
-            spread = best_rate(lambda: concurrent_rate(dsn, [f"shard_{k + 1}.next_id()" for k in range(n)], total))
-            seq_one = best_rate(lambda: concurrent_rate(dsn, ["nextval('public.bare_seq')"] * n, total))
+            one = best_rate(lambda: concurrent_rate(dsn, ["shard_1.next_id()"] * n, total))  # noqa: B023 - run within this iteration
+            spread = best_rate(lambda: concurrent_rate(dsn, [f"shard_{k + 1}.next_id()" for k in range(n)], total))  # noqa: B023 - run within this iteration
+            seq_one = best_rate(lambda: concurrent_rate(dsn, ["nextval('public.bare_seq')"] * n, total))  # noqa: B023 - run within this iteration
             row(f"{n} sessions, next_id, all on shard 1", one / 1e3, "k IDs/s", seq_one / 1e3, "of nextval on one sequence")
             row(f"{n} sessions, next_id, one shard each", spread / 1e3, "k IDs/s", one / 1e3, "of all on one shard")
 

@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
-
 from bench_move import WriterProcess
 from common import section
 
@@ -101,7 +100,7 @@ def mixed(major: int) -> None:
         big = next(r for r in reports if 7 in r.shards)
         print(f"  {len(reports)} batches in {seconds:.1f} s; pauses (ms): " + ", ".join(f"{r.pause_ms or 0:.0f}" for r in reports), flush=True)
         print(f"  the big shard's batch: {len(big.shards)} shards, pause {big.pause_ms or 0:.0f} ms", flush=True)
-        print("  writers' longest gaps (ms): " + ", ".join(f"shard {s} {max(w.gaps, default=0) * 1000:.0f}" for s, w in zip((7, 40), seen)), flush=True)
+        print("  writers' longest gaps (ms): " + ", ".join(f"shard {s} {max(w.gaps, default=0) * 1000:.0f}" for s, w in zip((7, 40), seen, strict=True)), flush=True)
     finally:
         sandbox.destroy(servers, root)
 

@@ -10,10 +10,10 @@ import shutil
 import statistics
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
-
 from common import one_cpu, postmaster_pid, row, section, servers, timed, two_cpus
 
 from pgidgen import pgbouncer, sandbox

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import psycopg
-
 from bench_move import WriterProcess, baseline, build, checkpoint, drop, move
 from bench_next_id import per_id_costs
 from common import psql, section, servers, table
+
 from pgidgen.config import Config
 from pgidgen.init import init
 from pgidgen.layout import Layout

@@ -5,9 +5,9 @@ import os
 import statistics
 import subprocess
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 from pgidgen import pgbin, sandbox
 

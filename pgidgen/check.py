@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import psycopg
 import psycopg.conninfo
@@ -88,7 +89,7 @@ class Facts:
     temp_on_db: bool  # TEMPORARY: init's probe of the argument order (idgen.check_argument_order) creates temporary objects
 
     @classmethod
-    def read(cls, conn: psycopg.Connection[Any]) -> "Facts":
+    def read(cls, conn: psycopg.Connection[Any]) -> Facts:
         row = conn.execute(FACTS_SQL).fetchone()
         assert row is not None
         return cls(*row)
@@ -293,7 +294,7 @@ def address(conninfo: str) -> str:
     hosts = str(params.get("host") or params.get("hostaddr") or "localhost").split(",")
     ports = str(params.get("port") or "5432").split(",")
     ports += [ports[-1]] * (len(hosts) - len(ports))
-    return ",".join(f"{h or 'localhost'}:{p or '5432'}" for h, p in zip(hosts, ports))
+    return ",".join(f"{h or 'localhost'}:{p or '5432'}" for h, p in zip(hosts, ports, strict=False))
 
 
 def subscribe_quietly(conn: psycopg.Connection[Any], create: str, *, keep: bool, conninfo: str) -> Refusal | None:

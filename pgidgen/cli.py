@@ -5,8 +5,9 @@ import errno
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import click
 import psycopg
@@ -14,9 +15,9 @@ import psycopg
 from . import __version__
 from .config import Config, load_config
 from .db import pg_message
-from .pgbin import SUPPORTED as SUPPORTED_MAJORS
 from .errors import ConfigError, PgidgenError
 from .layout import INSTAGRAM_EPOCH_MS, Layout, parse_epoch, parse_id
+from .pgbin import SUPPORTED as SUPPORTED_MAJORS
 from .redact import scrub
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}

@@ -13,7 +13,6 @@ from .cli import Bar, get_config, interactive, main
 from .errors import ConfigError, PgidgenError
 from .redact import scrub
 
-
 # -- move-shard ----------------------------------------------------------------------------------------
 
 

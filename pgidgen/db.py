@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -252,10 +253,10 @@ def tool_args(dsn: str) -> tuple[str, dict[str, str]]:
     password = params.pop("password", None)
     if password is not None:
         env["PGPASSWORD"] = str(password)
-    options = _options(psycopg.conninfo.make_conninfo(**params))
+    options = _options(psycopg.conninfo.make_conninfo("", **params))
     if options is not None:
         params["options"] = options
-    return psycopg.conninfo.make_conninfo(**params), env
+    return psycopg.conninfo.make_conninfo("", **params), env
 
 
 def read_each(

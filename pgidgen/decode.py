@@ -1,7 +1,7 @@
 """Decoding IDs in bulk (the CLI's `decode`): fast enough for millions of IDs from stdin."""
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from .errors import InputError
 from .layout import Layout, iso_ms, parse_id

@@ -1,7 +1,8 @@
 """Where IDs are made: rendering the catalog and each shard's schema, sequences and next_id()."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 

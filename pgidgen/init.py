@@ -8,18 +8,32 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import psycopg
 
 from .catalog import IDENTITY_SQL, CatalogState, read_state
 from .config import Config
-from .ddl.ledger import read_history, replay_for_new_shards
 from .db import Outcome, connect, each_database, execute_script, read_each, transaction
+from .ddl.ledger import read_history, replay_for_new_shards
 from .errors import ConfigError, ConflictError, DatabaseError, PgidgenError
-from .idgen import CATALOG_REVISION, DEFAULT_GENERATOR, INIT_LOCK, INIT_RUN_LOCK, LOCK_CLASS, check_argument_order, render_catalog, render_order_probe, render_catalog_grants, render_shard, render_shard_grants, schema_name
+from .idgen import (
+    CATALOG_REVISION,
+    DEFAULT_GENERATOR,
+    INIT_LOCK,
+    INIT_RUN_LOCK,
+    LOCK_CLASS,
+    check_argument_order,
+    render_catalog,
+    render_catalog_grants,
+    render_order_probe,
+    render_shard,
+    render_shard_grants,
+    schema_name,
+)
 from .layout import Layout, iso_ms
 from .ranges import collapse
 

@@ -65,7 +65,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pgidgen" / "postgresql"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _version_of(bindir: Path) -> str | None:
     """The version a directory's programs print, or None when they do not run (Debian's pg_wrapper with its
     clusters' binaries hidden, a missing library)."""

@@ -1,7 +1,7 @@
 """Shard numbers as collapsed ranges: [0, 1, 2, 5] <-> "0-2,5"."""
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from .errors import InputError
 

@@ -155,7 +155,7 @@ def register(dsn: str | None) -> None:
     """Remember the passwords of a connection string pgidgen is about to use."""
     if not dsn:
         return
-    secrets = set()
+    secrets: set[str] = set()
     for pw in passwords_in(dsn):
         # too short a password (or part) would be taken out of every word that holds it: those rely on the patterns;
         # the parts are cut where libpq cuts a misread string (host lists, query keys and values), at any of those

@@ -112,7 +112,7 @@ def build_map(states: dict[str, CatalogState], unreachable: dict[str, str] | Non
                 )
         count = st.shard_count if st.shard_count is not None else m.shard_count
         beyond = [s for s in active if count is not None and s >= count]  # a row added by hand: no key or ID routes to it
-        if beyond:
+        if beyond and count is not None:
             many = len(beyond) > 1
             m.problems.append(
                 f"{name}: shard{'s' if many else ''} {collapse(beyond)} {'are' if many else 'is'} active in the catalog but the"
@@ -132,8 +132,8 @@ def build_map(states: dict[str, CatalogState], unreachable: dict[str, str] | Non
     for s, dbs in sorted(holders.items()):
         if len(dbs) > 1:
             twice.setdefault(tuple(dbs), []).append(s)
-    for dbs, shards in twice.items():
-        m.problems.append(f"shard{'s' if len(shards) > 1 else ''} {collapse(shards)} {'are' if len(shards) > 1 else 'is'} active in more than one database: {', '.join(dbs)}")
+    for both, shards in twice.items():
+        m.problems.append(f"shard{'s' if len(shards) > 1 else ''} {collapse(shards)} {'are' if len(shards) > 1 else 'is'} active in more than one database: {', '.join(both)}")
     if m.shard_count is None and states and not m.unreachable and not any(st.foreign_catalog for st in states.values()):
         m.problems.append("no database is initialised: run 'pgidgen init --shards N'")
     if m.shard_count is not None and not m.unreachable:

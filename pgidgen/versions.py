@@ -31,8 +31,8 @@ def major(version: Any) -> int:
     """The major of a server_version_num (150004), a major (15) or a connection."""
     if hasattr(version, "info"):
         version = version.info.server_version
-    version = int(version)
-    return version // 10000 if version >= 10000 else version
+    number = int(version)
+    return number // 10000 if number >= 10000 else number
 
 
 def has(version: Any, feature: str) -> bool:

@@ -27,8 +27,8 @@ settings.configure(
 django.setup()
 
 from django.db import DatabaseError, connections, models, transaction  # noqa: E402 - after settings
-
 from movekit import writes_around  # noqa: E402 - beside this file
+
 from pgidgen.errors import RoutingError  # noqa: E402
 from pgidgen.integrations.django import ShardRouter, get_router, run_on_shard, shard_atomic  # noqa: E402
 
@@ -123,7 +123,7 @@ def checks() -> None:
         def caught() -> int:
             row = Row.objects.create(v=-6)
             try:
-                if failing == "raw":
+                if failing == "raw":  # noqa: B023 - run within this iteration
                     with connections[get_router().database_for(SHARD)].cursor() as cursor:
                         cursor.execute("SELECT 1 / 0")
                 else:

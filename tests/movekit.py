@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import psycopg
-
 
 T = TypeVar("T")
 R = TypeVar("R")

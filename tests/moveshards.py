@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from pgidgen.config import Config
-from pgidgen.move.journal import ONLINE_STEPS
 from pgidgen.init import init
+from pgidgen.move.journal import ONLINE_STEPS
 
 SHARDS = 8  # db1: 0-3, db2: 4-7, db3: none
 

@@ -24,7 +24,6 @@ from pgidgen.init import init
 from pgidgen.routing import Router
 from pgidgen.routing.claiming import has_claim_call
 
-
 pytestmark = pytest.mark.sensitive  # pg_sequence_last_value and settings differ between majors: runs on every one
 
 

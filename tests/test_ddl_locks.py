@@ -4,13 +4,14 @@ max_connections 20), where one transaction of all the shards runs out of shared 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
 from psycopg import sql
+from test_ddl import SCHEMA
 
 from pgidgen import sandbox
 from pgidgen.cli import main
@@ -18,8 +19,6 @@ from pgidgen.config import Config, write_config
 from pgidgen.ddl.apply import apply_ddl, read_file
 from pgidgen.init import init
 from pgidgen.layout import Layout
-
-from test_ddl import SCHEMA
 
 SHARDS = 200
 

@@ -43,7 +43,7 @@ def test_decode_stdin() -> None:
     assert r.exit_code == 0
     got = [json.loads(line) for line in r.stdout.splitlines()]
     assert [g["id"] for g in got] == ids
-    assert all(g["shard"] == i % 50 for g, i in zip(got, range(0, 5000, 7)))
+    assert all(g["shard"] == i % 50 for g, i in zip(got, range(0, 5000, 7), strict=True))
 
 
 @pytest.mark.parametrize(

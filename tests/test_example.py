@@ -13,12 +13,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from test_routing import hand_move
 
 from pgidgen.config import Config
 from pgidgen.init import init
 from pgidgen.routing import Router
-
-from test_routing import hand_move
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARDS = 16

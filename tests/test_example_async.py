@@ -9,12 +9,12 @@ import threading
 import time
 from pathlib import Path
 
+from moveshards import quick_subscription_start  # noqa: F401 - autouse: 15's launcher starts subscriptions at once
+from test_example import photos
+
 from pgidgen.config import Config, write_config
 from pgidgen.init import init
 from pgidgen.move import move_shard
-
-from moveshards import quick_subscription_start  # noqa: F401 - autouse: 15's launcher starts subscriptions at once
-from test_example import photos
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARDS = 8

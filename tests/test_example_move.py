@@ -10,13 +10,12 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from test_example import photos
 
 from pgidgen.config import Config
 from pgidgen.init import init
 from pgidgen.move import move_shard
 from pgidgen.routing import Router
-
-from test_example import photos
 
 SHARDS = 8
 USER = 13  # shard 5, on db2 of db1/db2

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -295,9 +296,8 @@ def test_ctrl_c_rolls_back_what_has_not_committed(config: Config, config_file: P
 
 def test_an_epoch_in_the_future_is_refused(config: Config, tmp_path: Path) -> None:
     """Every ID made before it would decode to the epoch itself (found by a review); nothing is written."""
-    from dataclasses import replace
-
     import time
+    from dataclasses import replace
 
     future = replace(config.layout, epoch_ms=int(time.time() * 1000) + 365 * 86_400_000)
     path = tmp_path / "future.toml"

@@ -6,20 +6,20 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psycopg
 import pytest
+from movekit import writes_around
+from moveshards import quick_subscription_start  # noqa: F401 - a fixture: moves on PostgreSQL 15
+from test_routing_pooler import app_config, bouncer_root  # noqa: F401 - bouncer_root is a fixture
 
 from pgidgen import pgbouncer
 from pgidgen.config import Config, load_config
 from pgidgen.init import init
 from pgidgen.move import move_shard
-
-from movekit import writes_around
-from moveshards import quick_subscription_start  # noqa: F401 - a fixture: moves on PostgreSQL 15
-from test_routing_pooler import app_config, bouncer_root  # noqa: F401 - bouncer_root is a fixture
 
 SHARDS = 4  # db1: 0-1, db2: 2-3, db3: none (the target)
 SHARD = 1
@@ -271,7 +271,7 @@ def test_numbers_no_id_can_be_are_keys_of_the_sessions_shard(sharded: Config) ->
         sharding = Sharding(router, pool_size=1)
         try:
             for value in not_ids:
-                assert sharding.run(SHARD, lambda s: s.get(Row, value), read_only=True) is None
+                assert sharding.run(SHARD, lambda s: s.get(Row, value), read_only=True) is None  # noqa: B023 - run within this iteration
             with sharding.session() as session:  # no shard of its own: where a key goes is not said
                 with pytest.raises(RoutingError, match="no shard for objects without an ID"):
                     session.get(Row, -1)

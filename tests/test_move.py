@@ -286,7 +286,7 @@ def test_routed_writer_across_a_real_move(config: Config) -> None:
     def loop() -> None:
         n = 0
         while not stop.is_set():
-            ids.append(router.run(1, lambda c: int(c.execute("INSERT INTO t (v) VALUES (%s) RETURNING id", (n,)).fetchone()[0])))
+            ids.append(router.run(1, lambda c: int(c.execute("INSERT INTO t (v) VALUES (%s) RETURNING id", (n,)).fetchone()[0])))  # noqa: B023 - run within this iteration
             n += 1
 
     th = threading.Thread(target=loop, daemon=True)

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 from movekit import leftovers
-from moveshards import POINTS, crash_at, Crash, quick_subscription_start, rows_of, setup_shards, state_of  # noqa: F401 (an autouse fixture)
+from moveshards import POINTS, Crash, crash_at, quick_subscription_start, rows_of, setup_shards, state_of  # noqa: F401 (an autouse fixture)
 
 from pgidgen import pgbin
 from pgidgen.config import Config

@@ -16,8 +16,18 @@ import psycopg
 import pytest
 from movekit import Writer, leftovers
 from moveshards import (  # noqa: F401 (quick_subscription_start: an autouse fixture)
-    CLIENTS, children, ctrl_c_in_flight, journal_statuses, nothing_half_done, pgidgen, quick_subscription_start, rows_of, setup_on_one,
-    ended, setup_shards, writers_saw_nothing_lost,
+    CLIENTS,
+    children,
+    ctrl_c_in_flight,
+    ended,
+    journal_statuses,
+    nothing_half_done,
+    pgidgen,
+    quick_subscription_start,
+    rows_of,
+    setup_on_one,
+    setup_shards,
+    writers_saw_nothing_lost,
 )
 
 from pgidgen.config import Config

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from itertools import pairwise
 from typing import Any
 
 import psycopg
@@ -47,7 +48,7 @@ def decode(value: int) -> tuple[int, int, int]:
 
 
 def assert_strictly_increasing(ids: list[int], what: str) -> None:
-    bad = [(a, b) for a, b in zip(ids, ids[1:]) if b <= a]
+    bad = [(a, b) for a, b in pairwise(ids) if b <= a]
     assert not bad, f"{what}: {len(bad)} IDs not above their predecessor, e.g. {bad[:3]}"
 
 

@@ -6,6 +6,8 @@ Each call is timed by the server clock read just before and just after it, in a 
 """
 from __future__ import annotations
 
+from itertools import pairwise
+
 import psycopg
 
 from pgidgen.config import Config
@@ -52,11 +54,11 @@ def test_a_busy_shard_runs_at_most_lead_ms_ahead_and_takes_the_lock_at_most_ever
         conn.execute(TRICKLE)
         rows = trickle(conn, 200, 0.3)
     ids = [r[1] for r in rows]
-    assert all(b > a for a, b in zip(ids, ids[1:])), "IDs not increasing"
+    assert all(b > a for a, b in pairwise(ids)), "IDs not increasing"
     times = [id_ms(config, i) for i in ids]
-    outside = [(b, t, a) for (b, _, a, _), t in zip(rows, times) if not b <= t <= a + LEAD_MS]
+    outside = [(b, t, a) for (b, _, a, _), t in zip(rows, times, strict=True) if not b <= t <= a + LEAD_MS]
     assert not outside, f"IDs outside [clock before, clock after + {LEAD_MS} ms]: {outside[:3]}"
-    assert any(t > a for (_, _, a, _), t in zip(rows, times)), "no ID ahead of the clock: the lead never engaged"
+    assert any(t > a for (_, _, a, _), t in zip(rows, times, strict=True)), "no ID ahead of the clock: the lead never engaged"
     span = rows[-1][2] - rows[0][0]
     assert span >= 30, f"the trickle took {span} ms: too short to show anything"
     raises = len({r[3] for r in rows})  # the offset's distinct values: each is one raise (the first one included)

@@ -9,8 +9,10 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -82,7 +84,7 @@ def draw(conn: psycopg.Connection[Any], shard: int, *, burst: int, paced: int) -
 
 
 def assert_increasing(ids: list[int], what: str) -> None:
-    bad = [(a, b) for a, b in zip(ids, ids[1:]) if b <= a]
+    bad = [(a, b) for a, b in pairwise(ids) if b <= a]
     assert not bad, f"{what}: {len(bad)} IDs not above their predecessor, e.g. {bad[:3]}"
 
 

@@ -8,18 +8,18 @@ must carry it (PostgreSQL's password_required for non-superusers), and no output
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import psycopg
 import psycopg.conninfo
 import pytest
-from psycopg import sql
 from click.testing import CliRunner, Result
+from conftest import TestServer, fresh_database
 from movekit import Writer, leftovers
 from privkit import Grant, drop, least_privileged, names
+from psycopg import sql
 
-from conftest import TestServer, fresh_database
 from pgidgen import pgbin, sandbox
 from pgidgen.cli import main
 from pgidgen.config import Config, write_config

@@ -9,7 +9,14 @@ import psycopg
 import pytest
 from movekit import Writer, leftovers
 from moveshards import (  # noqa: F401 (quick_subscription_start: an autouse fixture)
-    ctrl_c_in_flight, journal_statuses, nothing_half_done, pgidgen, quick_subscription_start, rows_of, setup_on_one, writers_saw_nothing_lost,
+    ctrl_c_in_flight,
+    journal_statuses,
+    nothing_half_done,
+    pgidgen,
+    quick_subscription_start,
+    rows_of,
+    setup_on_one,
+    writers_saw_nothing_lost,
 )
 
 from pgidgen.config import Config

@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_routing import count, hand_move, sharded as sharded_8  # noqa: F401 - fixture
+from test_routing import count, hand_move  # noqa: F401 - fixture
 from test_routing_pooler import app_config, bouncer_root, sharded  # noqa: F401 - fixture
 
 from pgidgen import pgbouncer
@@ -36,7 +36,7 @@ async def write_during_a_move(router: AsyncRouter, admin: Config) -> tuple[list[
         n = 0
         while not moved.is_set() or n < 30:
             try:
-                ids.append(await router.run(1, lambda c: insert(c, n)))
+                ids.append(await router.run(1, lambda c: insert(c, n)))  # noqa: B023 - run within this iteration
             except Exception as e:  # noqa: BLE001 - every exception the application would see
                 errors.append(e)
             n += 1

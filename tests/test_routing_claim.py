@@ -169,7 +169,7 @@ def test_a_unit_that_deallocates_does_not_break_the_next(sharded: Config, way: s
 
         for i in range(2):
             r.run(2, drop)
-            trips = round_trips(conn, lambda: [r.run(2, insert(2, f"after {i}.{j}")) for j in range(2)])
+            trips = round_trips(conn, lambda: [r.run(2, insert(2, f"after {i}.{j}")) for j in range(2)])  # noqa: B023 - run within this iteration
             if way == "DEALLOCATE ALL first":  # the cache saw it: no failed attempt to roll back
                 assert not [t for t in trips if "ROLLBACK" in t or "DEALLOCATE" in t], trips
     assert count(sharded.dsn("db1"), "shard_2") == 5
@@ -438,7 +438,7 @@ def test_a_catalog_without_the_call_is_claimed_by_select_until_it_has_it(sharded
         with Router(sharded, listen=False, min_size=1, max_size=1) as r:
             with r._connection("db1") as conn:
                 pass
-            trips = round_trips(conn, lambda: [r.run(2, insert(2, round)), r.run(2, lambda c: c.execute("SELECT 1"))])
+            trips = round_trips(conn, lambda: [r.run(2, insert(2, round)), r.run(2, lambda c: c.execute("SELECT 1"))])  # noqa: B023 - run within this iteration
             parses = round_trips(conn, lambda: None)
             assert len(trips) == 4 and parses == [], trips
         sent = " ".join(trips)

@@ -10,13 +10,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from test_example import photos
+from test_routing import hand_move
 
 from pgidgen.config import Config
 from pgidgen.init import init
 from pgidgen.routing import Router
-
-from test_example import photos
-from test_routing import hand_move
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "orm.md"
 SHARDS = 16

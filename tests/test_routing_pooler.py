@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import psycopg
 import pytest
@@ -135,7 +135,7 @@ def test_through_a_transaction_pooler_the_claim_is_never_prepared(config: Config
                 conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
                 try:
                     for n in range(8):
-                        router.run(1, lambda c: c.execute("INSERT INTO t (v) VALUES (%s)", (n,)))
+                        router.run(1, lambda c: c.execute("INSERT INTO t (v) VALUES (%s)", (n,)))  # noqa: B023 - run within this iteration
                 finally:
                     conn.pgconn.untrace()
                 f.seek(0)

@@ -3,8 +3,9 @@ physical order, different for every kind of difference a broken copy could make,
 hash functions treat specially (0.0, empty arrays and objects, equal-but-not-identical values) included."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest

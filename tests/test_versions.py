@@ -6,14 +6,15 @@ Each test starts the majors it needs (conftest's pg_major_server: PostgreSQL 15-
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
 from click.testing import CliRunner
+from conftest import TestServer, fresh_database
 from movekit import Writer, leftovers
 
-from conftest import TestServer, fresh_database
 from pgidgen.cli import main
 from pgidgen.config import Config, write_config
 from pgidgen.ddl.drift import read_drift, schema_items

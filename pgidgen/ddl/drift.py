@@ -8,8 +8,9 @@ report can say *what* differs: "missing column photos.caption", "extra index ...
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import psycopg
 
@@ -262,7 +263,7 @@ def read_drift(config: Config) -> Drift:
             majority = max(by_fp, key=lambda fp: (counts[fp], -min(by_fp[fp])))
             reps = {fp: min(v) for fp, v in by_fp.items()}
             wanted: dict[str, list[int]] = {}
-            for fp, s in reps.items():
+            for s in reps.values():
                 wanted.setdefault(where[s], []).append(s)
             described: dict[int, set[str]] = {}
             for name, shards in wanted.items():

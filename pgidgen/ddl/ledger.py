@@ -7,8 +7,9 @@ position order. The rows of shard N are `WHERE shard = N`; `ledger_copy_sql` ren
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import psycopg
 

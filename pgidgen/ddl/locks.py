@@ -10,12 +10,13 @@ a run that stops resumes where it stopped.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import psycopg
-from pglast import ast, parse_sql
+from pglast import parse_sql
 from pglast.enums import ConstrType
 from pglast.visitors import Visitor
 
@@ -39,7 +40,7 @@ BUDGET_SQL = (
 HELD_SQL = "SELECT count(*) FROM pg_catalog.pg_locks WHERE pid = pg_catalog.pg_backend_pid() AND NOT fastpath"
 
 
-class _Counter(Visitor):  # type: ignore[misc]
+class _Counter(Visitor):
     def __init__(self) -> None:
         self.n = 0
 
@@ -81,7 +82,8 @@ def _file_estimate(source: str) -> int:
     total = 0
     for raw in parse_sql(source):
         counter = _Counter()
-        counter(raw.stmt)
+        if raw.stmt is not None:
+            counter(raw.stmt)
         total += 1 + counter.n
     return total
 

@@ -73,4 +73,4 @@ def _kind(text: str, start: int) -> str:
         return " ".join([words[0]] + rest[:1 if rest[:1] != ["MATERIALIZED"] else 2])
     if words[0] == "COMMENT":
         return "COMMENT ON"
-    return words[0]
+    return str(words[0])

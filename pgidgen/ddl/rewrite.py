@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from pglast import ast, parse_sql
 from pglast.enums import AlterTableType, GrantTargetType, ObjectType
@@ -146,7 +147,7 @@ def _check_relation_literal(arg: Any) -> None:
     statement runs in each shard: a shard or catalog schema in it would tie every shard to that one object."""
     if not (isinstance(arg, ast.A_Const) and isinstance(arg.val, ast.String)):
         return
-    m = _LITERAL_SCHEMA_RE.match(arg.val.sval)
+    m = _LITERAL_SCHEMA_RE.match(arg.val.sval or "")
     if m:
         schema = m.group(1).replace('""', '"') if m.group(1) is not None else m.group(2).strip().lower()
         if _forbidden(schema):
@@ -183,7 +184,7 @@ def _shared_target(qualified: str) -> Refused:
     )
 
 
-class _Qualifier(Visitor):  # type: ignore[misc]
+class _Qualifier(Visitor):
     """Qualifies one statement's names with the placeholder; refuses names pgidgen must not touch."""
 
     def __init__(self, placeholder: str, functions: set[str], types: set[str], ctes: set[str], targets: set[int]) -> None:
@@ -208,7 +209,7 @@ class _Qualifier(Visitor):  # type: ignore[misc]
             return
         if node.relpersistence == "t":
             raise Refused("it creates a temporary table", "temporary tables are per session, not per shard: leave them out of sharded files")
-        if id(node) not in self.targets and (node.relname in self.ctes or node.relname.startswith("pg_")):
+        if id(node) not in self.targets and (node.relname in self.ctes or (node.relname or "").startswith("pg_")):
             return  # a CTE, or a system catalog or view: the shard's search_path finds a shard's own pg_* name first
         node.schemaname = self.placeholder
         self.inserted += 1
@@ -242,7 +243,7 @@ class _Qualifier(Visitor):  # type: ignore[misc]
             node.objname = (self._p(), ast.String(sval=names[0]))
 
 
-class _CteNames(Visitor):  # type: ignore[misc]
+class _CteNames(Visitor):
     def __init__(self) -> None:
         super().__init__()
         self.names: set[str] = set()
@@ -487,7 +488,7 @@ def _check_and_rewrite(s: Any, placeholder: str, scope: _FileScope) -> None:
     _qualify(s, placeholder, scope, targets)
 
 
-class _Strings(Visitor):  # type: ignore[misc]
+class _Strings(Visitor):
     def __init__(self) -> None:
         super().__init__()
         self.values: list[str] = []

@@ -51,14 +51,14 @@ def _options_table(cmd: click.Command, ctx: click.Context) -> str:
         if getattr(p, "hidden", False):
             continue
         if isinstance(p, click.Argument):
-            rows.append(f"| `{p.make_metavar(ctx) if _takes_ctx(p) else p.make_metavar()}` (argument) | | | {'required' if p.required else 'optional'}"
+            rows.append(f"| `{_metavar(p, ctx)}` (argument) | | | {'required' if p.required else 'optional'}"
                         f"{', repeatable' if p.nargs == -1 else ''} |")
             continue
         record = p.get_help_record(ctx)
         if record is None:
             continue
         names = ", ".join(f"`{o}`" for o in p.opts + p.secondary_opts)
-        value = "" if getattr(p, "is_flag", False) else f"`{p.make_metavar(ctx) if _takes_ctx(p) else p.make_metavar()}`"
+        value = "" if getattr(p, "is_flag", False) else f"`{_metavar(p, ctx)}`"
         default = p.default if getattr(p, "show_default", False) and p.default is not None and not callable(p.default) else ""
         help_text = (p.help or "") + (" (repeatable)" if getattr(p, "multiple", False) else "") + (" (required)" if p.required else "")
         env = f" Environment: `{p.envvar}`." if isinstance(p.envvar, str) else ""
@@ -72,10 +72,16 @@ def _takes_ctx(p: click.Parameter) -> bool:
     return "ctx" in inspect.signature(p.make_metavar).parameters
 
 
+def _metavar(p: click.Parameter, ctx: click.Context) -> str:
+    return p.make_metavar(ctx) if _takes_ctx(p) else p.make_metavar()  # type: ignore[call-arg]  # click < 8.2 takes no ctx
+
+
 def pages(root: click.Group | None = None) -> list[Page]:
     """Every command and group under `pgidgen`, the root first, with its generated text."""
     if root is None:
-        from ..cli import main as root
+        from ..cli import main
+
+        root = main
     top = _context(root, "pgidgen", None)
     out = []
     for cmd, ctx in _walk(root, top):

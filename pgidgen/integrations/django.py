@@ -16,14 +16,15 @@ database the shard has left, and without the shard's schema on search_path."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
-from psycopg.pq import TransactionStatus
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
+from psycopg.pq import TransactionStatus
 
 from ..config import Config, load_config
 from ..errors import RoutingError
@@ -192,7 +193,7 @@ class ShardRouter:
         if isinstance(obj1.pk, int) and isinstance(obj2.pk, int):
             router = get_router()
             return router.shard_of(obj1.pk) == router.shard_of(obj2.pk)
-        return obj1._state.db == obj2._state.db
+        return bool(obj1._state.db == obj2._state.db)
 
     def allow_migrate(self, db: str, app_label: str, model_name: str | None = None, **hints: Any) -> bool | None:
         """Never for sharded models: their tables are in every shard schema, made by pgidgen apply-ddl."""

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from ..errors import ShardMovedError, ShardUnavailableError
 from ..routing import MOVE_SYMPTOMS, NOT_SERVED, Router

@@ -11,7 +11,8 @@ map at the start of every session transaction, so a session follows moves from o
 Sharding.run runs a unit of work again when a move refused it (nothing was written)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -54,7 +55,7 @@ def _connector(config: Config, name: str) -> Callable[[], psycopg.Connection[Any
     def connect() -> psycopg.Connection[Any]:
         if not policies:
             policies.append(policy_for(config, name, APPLICATION_NAME))
-        return psycopg.connect(dsn, **({} if policies[0].prepare else {"prepare_threshold": None}))
+        return psycopg.connect(dsn) if policies[0].prepare else psycopg.connect(dsn, prepare_threshold=None)
 
     return connect
 
@@ -78,12 +79,12 @@ class ShardSession(ShardedSession):
 
     # -- the choosers horizontal_shard calls --------------------------------------------------------
 
-    def shard_chooser(self, mapper: Mapper[Any] | None, instance: Any, clause: Any = None, **kw: Any) -> str:
+    def shard_chooser(self, mapper: Mapper[Any] | None, instance: Any, clause: Any = None, **kw: Any) -> str:  # type: ignore[override]  # horizontal_shard types its choosers as Protocol attributes, which no method's signature matches
         ident = mapper.primary_key_from_instance(instance) if mapper is not None and instance is not None else None
         shard = self._id_shard(ident[0]) if ident and len(ident) == 1 else None
         return self._bind(self._default() if shard is None else shard)
 
-    def identity_chooser(self, mapper: Mapper[Any], primary_key: Any, **kw: Any) -> list[str]:
+    def identity_chooser(self, mapper: Mapper[Any], primary_key: Any, **kw: Any) -> list[str]:  # type: ignore[override]  # horizontal_shard types its choosers as Protocol attributes, which no method's signature matches
         ident = primary_key if isinstance(primary_key, (tuple, list)) else (primary_key,)
         shard = self._id_shard(ident[0]) if len(ident) == 1 else None
         return [self._bind(self._default() if shard is None else shard)]

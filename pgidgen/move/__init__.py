@@ -20,7 +20,15 @@ from __future__ import annotations
 from .cleanup import CleanupReport, cleanup, verify_move
 from .context import MoveError
 from .engine import (
-    CopyProgress, MoveOptions, MoveReport, MovesInterrupted, move_shard, move_shards, move_shards_interruptible, plan_shards, resume_move,
+    CopyProgress,
+    MoveOptions,
+    MoveReport,
+    MovesInterrupted,
+    move_shard,
+    move_shards,
+    move_shards_interruptible,
+    plan_shards,
+    resume_move,
     rollback_move,
 )
 from .plan import plan_move

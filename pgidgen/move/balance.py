@@ -13,7 +13,7 @@ or no move would narrow a gap.
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Sequence
+from collections.abc import Sequence
 
 #: What a shard weighs beyond its bytes: an empty shard (no tables yet) still counts.
 FLOOR = 8192

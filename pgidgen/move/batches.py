@@ -10,8 +10,9 @@ batch moved again as two halves (engine.move_shards).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..db import connect

@@ -11,7 +11,7 @@ from ..db import connect
 from ..errors import ConflictError
 from . import sqltext as q
 from .context import MoveError, describe_dependents, outside_dependents, read_states
-from .journal import MEMBER_SQL, MoveRecord, has_journal, open_move, retired_names
+from .journal import MEMBER_SQL, MoveRecord, has_journal, open_move, record_from_row, retired_names
 from .verify import Verification, compare
 
 
@@ -91,7 +91,7 @@ def last_done_move(config: Config, shard: int) -> MoveRecord:
         finally:
             conn.close()
         if row is not None and (best is None or row[0] > best[0]):
-            best = (row[0], MoveRecord(*row[1:9], detail=dict(row[9] or {})))
+            best = (row[0], record_from_row(row[1:10]))
     if best is None:
         raise MoveError(f"shard {shard} has no finished move to verify", hint="--verify compares a moved shard with the copy it left behind")
     return best[1]

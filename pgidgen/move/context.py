@@ -5,8 +5,9 @@ Every check here only reads; each failure is one line saying what is wrong and w
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -15,10 +16,10 @@ from ..config import Config
 from ..db import connect, read_each
 from ..errors import ConfigError, ConflictError, DatabaseError, InputError, PgidgenError
 from ..idgen import schema_name
-from ..ranges import collapse
 from ..layout import Layout
-from .journal import POINT_OF_NO_RETURN, lock_holder, open_move
+from ..ranges import collapse
 from . import sqltext as q
+from .journal import POINT_OF_NO_RETURN, lock_holder, open_move
 
 if TYPE_CHECKING:
     from ..check import Refusal

@@ -10,7 +10,8 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import psycopg
 
@@ -19,25 +20,32 @@ from ..config import Config
 from ..db import connect, pg_message, server_encoding
 from ..errors import ConfigError, ConflictError, InputError, PgidgenError
 from ..ranges import collapse
+from .batches import Batch, plan_batches
+from .compat import check_clients, check_restorable
 from .context import (
     MoveError,
     ShardContext,
     check_batch,
-    check_owners,
     check_no_other_move,
+    check_owners,
     check_servers,
     check_tables,
     locate_batch,
     read_states,
     read_tables_of,
 )
-from .compat import check_clients, check_restorable
-from .batches import Batch, plan_batches
 from .journal import Journal, MoveRecord, lock_holder, open_move, release, retired_names, try_lock_all
-from .transfer import COPY_SECTIONS, SchemaDump
 from .steps.activate import ActivateStep
 from .steps.base import (
-    Background, CopyProgress, CutoverAborted, Hook, MoveOptions, MoveReport, PauseExceeded, run_stoppable, stop_hook_from_env,
+    Background,
+    CopyProgress,
+    CutoverAborted,
+    Hook,
+    MoveOptions,
+    MoveReport,
+    PauseExceeded,
+    run_stoppable,
+    stop_hook_from_env,
 )
 from .steps.copy import CopySteps
 from .steps.cutover import CutoverSteps
@@ -45,7 +53,7 @@ from .steps.prepare import PrepareSteps, ensure_catalog
 from .steps.replication import ReplicationSteps, drop_slots, measure_skew, teardown
 from .steps.rollback import RollbackStep
 from .steps.verify import VerifyStep
-
+from .transfer import COPY_SECTIONS, SchemaDump
 
 # -- entry points -------------------------------------------------------------------------------------
 
@@ -179,11 +187,12 @@ def _move_batch(
     # The target's connection opens while the source is checked; the mover keeps it. So does a second source
     # connection, for check_batch's catalog queries beside the other checks (see below).
     opening: Background[psycopg.Connection[Any]] = Background(lambda: connect(target, config.dsn(target), autocommit=True))
-    opening_src: Background[psycopg.Connection[Any]] | None = Background(lambda: connect(ctx.source, config.dsn(ctx.source), autocommit=True))
+    src_for_check: Background[psycopg.Connection[Any]] = Background(lambda: connect(ctx.source, config.dsn(ctx.source), autocommit=True))
+    opening_src: Background[psycopg.Connection[Any]] | None = src_for_check  # None once check_batch has it (it closes it)
     try:
         admin = connect(ctx.source, config.dsn(ctx.source), autocommit=True)
     except BaseException:
-        _close_opened(opening, opening_src)
+        _close_opened(opening, src_for_check)
         raise
     tgt: psycopg.Connection[Any] | None = None
     early: SchemaDump | None = None
@@ -205,7 +214,7 @@ def _move_batch(
             clients_refused = e
         # check_batch's catalog queries (some 20 ms, more on a database of many shards) on connections of their
         # own, beside the checks below; its answer is asked for in its turn, so the first finding is the same
-        src_for_check, opening_src = opening_src, None
+        opening_src = None
         batch_checked = Background(lambda: _check_batch_apart(ctxs, src_for_check, opening))
         if not opts.offline and clients_refused is None:
             # The schema's pg_dump (50-100 ms, most of it pg_dump reading the catalog; more on a busy server) runs

@@ -69,8 +69,9 @@ MEMBER_SQL = "(shard = %(shard)s OR detail -> 'shards' @> pg_catalog.to_jsonb(%(
 _COLUMNS = "move_id, shard, source, target, mode, token, step, status, detail"
 
 
-def _record(row: Any) -> MoveRecord:
-    return MoveRecord(*row[:8], detail=dict(row[8] or {}))
+def record_from_row(row: Any) -> MoveRecord:
+    move_id, shard, source, target, mode, token, step, status, detail = row
+    return MoveRecord(move_id, shard, source, target, mode, token, step, status, dict(detail or {}))
 
 
 class Journal:
@@ -89,7 +90,7 @@ class Journal:
             f" VALUES (%s, %s, %s, %s, %s, 'prepare', 'running', %s) RETURNING {_COLUMNS}",
             (shard, source, target, mode, token, json.dumps(detail)),
         ).fetchone()
-        j = cls(conn, _record(row))
+        j = cls(conn, record_from_row(row))
         j.log("prepare", "begin", detail)
         return j
 
@@ -141,7 +142,7 @@ def open_move(conn: psycopg.Connection[Any], shard: int) -> MoveRecord | None:
         f"SELECT {_COLUMNS} FROM pgidgen.moves WHERE {MEMBER_SQL} AND status IN ('running', 'failed') ORDER BY move_id DESC LIMIT 1",
         {"shard": shard},
     ).fetchone()
-    return _record(row) if row else None
+    return record_from_row(row) if row else None
 
 
 def last_move(conn: psycopg.Connection[Any], shard: int, *, status: str = "done") -> MoveRecord | None:
@@ -151,11 +152,12 @@ def last_move(conn: psycopg.Connection[Any], shard: int, *, status: str = "done"
         f"SELECT {_COLUMNS} FROM pgidgen.moves WHERE {MEMBER_SQL} AND status = %(status)s ORDER BY move_id DESC LIMIT 1",
         {"shard": shard, "status": status},
     ).fetchone()
-    return _record(row) if row else None
+    return record_from_row(row) if row else None
 
 
 def has_journal(conn: psycopg.Connection[Any]) -> bool:
-    return conn.execute("SELECT to_regclass('pgidgen.moves') IS NOT NULL").fetchone()[0]  # type: ignore[index]
+    row = conn.execute("SELECT to_regclass('pgidgen.moves') IS NOT NULL").fetchone()
+    return bool(row and row[0])
 
 
 def try_lock_all(conn: psycopg.Connection[Any], shards: list[int], *, patience: float = 2.0) -> int | None:

@@ -2,7 +2,7 @@
 takes, after the same read-only checks a real move makes. Nothing is written anywhere."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..config import Config
 from ..db import connect

@@ -12,16 +12,16 @@ does `pgidgen move-shard N --resume`; `--rollback` undoes it when it failed befo
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import psycopg
 
 from ..config import Config
-from ..db import connect, pg_message
+from ..db import connect, pg_message, read_each
 from ..errors import ConfigError, PgidgenError
-from ..db import read_each
 from ..ranges import collapse
 from ..redact import scrub
 from ..sizes import human, read_sizes
@@ -131,10 +131,10 @@ class RebalancePlan:
                 for s, n in sorted(self.midmove.items())]
         if not self.even:
             by_db: dict[str, list[int]] = {}
-            for s, n in sorted(self.blocked.items()):
-                by_db.setdefault(n, []).append(s)
-            why = "; ".join(f"{n} still holds the retired copies of shards {collapse(v)}" if len(v) > 1 else f"{n} still holds the retired copy of shard {v[0]}"
-                            for n, v in by_db.items())
+            for s, db in sorted(self.blocked.items()):
+                by_db.setdefault(db, []).append(s)
+            why = "; ".join(f"{db} still holds the retired copies of shards {collapse(v)}" if len(v) > 1 else f"{db} still holds the retired copy of shard {v[0]}"
+                            for db, v in by_db.items())
             out.append("not spread evenly: " + (why + " ('pgidgen move-shard --cleanup N' drops it)" if why else "shards in the middle of a move stay where they are"))
         elif not self.moves and not self.finishing:
             out.append("nothing to do: the shards are spread evenly")

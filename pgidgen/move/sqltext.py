@@ -6,13 +6,14 @@ render functions; the dry run renders them as named placeholders.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any
 
 from psycopg import sql
 
-from ..db import scrub
 from ..idgen import CLAIM_LOCK_BASE, LOCK_CLASS
+from ..redact import scrub
 
 
 def ident(*parts: str) -> str:
@@ -248,7 +249,7 @@ def _grant_on(schema: str, kind: str, name: str | None, col: str | None, priv: s
     return f"{priv} ({col}) ON {what}" if col else f"{priv} ON {what}"
 
 
-def revoke_grants_sql(schema: str, source: set[tuple], target: set[tuple]) -> str:
+def revoke_grants_sql(schema: str, source: set[tuple[Any, ...]], target: set[tuple[Any, ...]]) -> str:
     """REVOKE (run as a superuser: as the owner) what the owners granted on the target only. A table's REVOKE
     takes the same privilege on its columns too: grant_missing_sql, run after, puts back what the source has."""
     plain = {e[:5] for e in source}
@@ -258,7 +259,7 @@ def revoke_grants_sql(schema: str, source: set[tuple], target: set[tuple]) -> st
         for k, n, c, g, p, _ in sorted(target - source, key=str))
 
 
-def grant_missing_sql(schema: str, source: set[tuple], target: set[tuple]) -> str:
+def grant_missing_sql(schema: str, source: set[tuple[Any, ...]], target: set[tuple[Any, ...]]) -> str:
     return "\n".join(f"GRANT {_grant_on(schema, k, n, c, p)} TO {g}{' WITH GRANT OPTION' if opt else ''};"
                      for k, n, c, g, p, opt in sorted(source - target, key=str))
 

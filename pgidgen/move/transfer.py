@@ -26,16 +26,17 @@ import signal
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Sequence
+from typing import IO, Any
 
 import psycopg
 
 from .. import pgbin
-from ..db import connect, scrub, tool_args
+from ..db import connect, tool_args
 from ..errors import PgidgenError
+from ..redact import scrub
 from . import sqltext as q
 from .context import MoveError
 
@@ -104,7 +105,7 @@ def _major(conn: psycopg.Connection[Any]) -> int:
     return conn.info.server_version // 10000
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tool(name: str) -> str:
     """The newest pg_dump, pg_restore or psql pgidgen finds (pgidgen.pgbin): one installation's pg_dump and
     pg_restore read each other's archives, and the newest reads every supported source. A move checks it
@@ -119,7 +120,7 @@ def _load_prctl() -> Callable[..., int] | None:
     try:
         import ctypes
 
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl  # type: ignore[no-any-return]
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except (OSError, AttributeError):
         return None
 

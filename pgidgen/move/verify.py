@@ -8,9 +8,10 @@ because the sum does not depend on order.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import psycopg
 
@@ -156,7 +157,7 @@ def compare_many(
         fs, ft = pool.submit(side, source, 0), pool.submit(side, target, 1)
         s_all, t_all = fs.result(), ft.result()
     checks = []
-    for (src_schema, tgt_schema, tables), (s, s_form), (t, t_form) in zip(pairs, s_all, t_all):
+    for (src_schema, tgt_schema, tables), (s, s_form), (t, t_form) in zip(pairs, s_all, t_all, strict=True):
         for sums, schema, conn, mine, theirs in ((s, src_schema, source, s_form, t_form), (t, tgt_schema, target, t_form, s_form)):
             redo = {name: theirs[name] for name in tables if theirs[name] > mine[name]}
             if redo:

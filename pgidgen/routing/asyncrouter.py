@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -70,7 +71,8 @@ class AsyncRouter:
         return self.sync.shard_of(id_)
 
     async def routing_map(self) -> RoutingMap:
-        return self.maps.peek() or await asyncio.to_thread(self.maps.get)
+        peeked = self.maps.peek()
+        return peeked if peeked else await asyncio.to_thread(self.maps.get)
 
     async def route(self, shard: int) -> Route:
         return (await self.routing_map()).route(shard)
@@ -93,7 +95,7 @@ class AsyncRouter:
         route = await self.route(shard)
         pool = await self._pool(route.database)
         try:
-            conn = await pool.getconn(timeout=self.pool_timeout)
+            conn = cast(AsyncClaimingConnection, await pool.getconn(timeout=self.pool_timeout))
         except PoolTimeout:
             raise self.sync.pools._timeout(route.database) from None
         try:
@@ -167,7 +169,8 @@ class AsyncRouter:
 
     async def _still_serves(self, conn: psycopg.AsyncConnection[Any], route: Route) -> bool:
         if conn.broken or conn.closed:
-            return await asyncio.to_thread(self.units._still_serves, conn, route)  # a fresh sync connection
+            # a fresh sync connection: of this one, _still_serves reads only that it is broken or closed
+            return await asyncio.to_thread(self.units._still_serves, conn, route)  # type: ignore[arg-type]
         try:
             cur = await conn.execute("SELECT state FROM pgidgen.shards WHERE shard = %s", (route.shard,))
             row = await cur.fetchone()

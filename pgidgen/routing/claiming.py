@@ -10,12 +10,13 @@ before, so is the guarantee: nothing of the work runs before the claim, and if t
 aborts the statements after it."""
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, cast
 
 import psycopg
-from psycopg import errors as e
 from psycopg import adapt, generators, pq, sql
+from psycopg import errors as e
 from psycopg._preparing import Prepare
 
 from .ending import GONE, refuse_ending, refuse_sending
@@ -123,14 +124,14 @@ BEGIN_READ = Command(b"BEGIN READ ONLY", b"_pgidgen_begin_r")
 def _fast_path_available() -> bool:
     """The one-round-trip path drives libpq's pipeline directly with a few of psycopg's cursor internals (3.1+);
     anything missing and every statement takes the generic path (the claim a round trip of its own)."""
-    needed = (hasattr(psycopg.Cursor, n) for n in ("_convert_query", "_check_results", "_set_results", "_reset"))
-    needed = (*needed, hasattr(Prepare, "SHOULD"), hasattr(adapt, "Transformer"))
+    needed = (*(hasattr(psycopg.Cursor, n) for n in ("_convert_query", "_check_results", "_set_results", "_reset")),
+              hasattr(Prepare, "SHOULD"), hasattr(adapt, "Transformer"))
     return all(needed) and all(hasattr(generators, n) for n in ("send", "fetch_many", "execute")) and psycopg.Pipeline.is_supported()
 
 
 class ClaimingCursor(psycopg.Cursor[Any]):
     def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None) -> ClaimingCursor:
-        conn = self._conn
+        conn = cast("ClaimingConnection", self._conn)
         if getattr(conn, "in_unit", False):
             refuse_ending(conn, query)
         claim = getattr(conn, "pending_claim", None)
@@ -142,7 +143,7 @@ class ClaimingCursor(psycopg.Cursor[Any]):
             with conn.lock:  # psycopg's wait, not the connection's: this generator's statement was looked at above
                 _wait(conn, claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
         except BaseException as ex:
-            raise _failed_first(conn, claim, ex)
+            raise _failed_first(conn, claim, ex)  # noqa: B904 - the caught exception itself, raised again: no chain to state
         return self
 
     def copy(self, statement: Any, params: Any = None, *, writer: Any = None) -> Any:
@@ -440,7 +441,7 @@ class ClaimingConnection(_Unit, psycopg.Connection[Any]):
 
 class AsyncClaimingCursor(psycopg.AsyncCursor[Any]):
     async def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None) -> AsyncClaimingCursor:
-        conn = self._conn
+        conn = cast("AsyncClaimingConnection", self._conn)
         if getattr(conn, "in_unit", False):
             refuse_ending(conn, query)
         claim = getattr(conn, "pending_claim", None)
@@ -452,7 +453,7 @@ class AsyncClaimingCursor(psycopg.AsyncCursor[Any]):
             async with conn.lock:  # ClaimingCursor.execute
                 await _async_wait(conn, claimed_execute_gen(self, query, params, claim, prepare, binary, with_commit=conn.with_commit))
         except BaseException as ex:
-            raise _failed_first(conn, claim, ex)
+            raise _failed_first(conn, claim, ex)  # noqa: B904 - the caught exception itself, raised again: no chain to state
         return self
 
     def copy(self, statement: Any, params: Any = None, *, writer: Any = None) -> Any:

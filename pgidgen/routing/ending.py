@@ -74,7 +74,7 @@ def refuse_sending(conn: Any, gen: Any, checked: tuple[type, ...]) -> None:
     if name is None or gen.gi_frame is None:
         return
     args = gen.gi_frame.f_locals
-    if isinstance(args.get("self"), checked) and code.co_name in ("_execute_gen", "_start_copy_gen"):
+    if isinstance(args.get("self"), checked) and code is not None and code.co_name in ("_execute_gen", "_start_copy_gen"):
         return
     query = args.get(name)
     if isinstance(query, (str, bytes, psycopg.sql.Composable)):

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from psycopg import errors as e
 from psycopg import pq
@@ -44,7 +45,7 @@ def _load() -> Callable[[int], int] | None:
         return None
     sync.argtypes = [ctypes.c_void_p]
     sync.restype = ctypes.c_int
-    return sync  # type: ignore[no-any-return]
+    return sync
 
 
 PQ_PIPELINE_SYNC = _load()

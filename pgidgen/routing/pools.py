@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -120,7 +121,7 @@ class Pools:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                return self._idle[name].pop()  # type: ignore[no-any-return]
+                return self._idle[name].pop()
             except IndexError:
                 pass
             try:  # a short wait, then the idle list again: one may have come back there meanwhile

@@ -2,8 +2,9 @@
 (pools.py) and the claimed unit of work (unit.py)."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 

@@ -5,14 +5,12 @@ in the package's docstring."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
-
-IDLE = TransactionStatus.IDLE
-INERROR = TransactionStatus.INERROR
 
 from ..config import Config, describe_dsn
 from ..db import pg_message
@@ -21,6 +19,9 @@ from ..idgen import schema_name
 from .claiming import Claim
 from .mapcache import SERVING, MapCache, Route
 from .pools import Pools
+
+IDLE = TransactionStatus.IDLE
+INERROR = TransactionStatus.INERROR
 
 T = TypeVar("T")
 #: Raised by pgidgen.claim_shard() when the database does not serve the shard.
@@ -145,9 +146,9 @@ class UnitOfWork:
         except BaseException:
             units.pools.give_back(route.database, conn)
             raise
-        return conn  # type: ignore[no-any-return]
+        return conn
 
-    def __exit__(self, typ: type[BaseException] | None, e: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, typ: type[BaseException] | None, e: BaseException | None, tb: Any) -> Literal[False]:
         units, conn, route = self.units, self.conn, self.route
         try:
             if e is None:

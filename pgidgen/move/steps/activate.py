@@ -4,8 +4,8 @@ from __future__ import annotations
 import math
 import time
 
-from ...ddl.ledger import ledger_copy_sql_of
 from ...db import execute_script
+from ...ddl.ledger import ledger_copy_sql_of
 from .. import sqltext as q
 from ..context import MoveError
 from .base import MoverBase

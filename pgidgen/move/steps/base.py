@@ -6,16 +6,18 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 
-from ...config import Config
 from ... import redact
-from ...db import connect, own_session, scrub
+from ...config import Config
+from ...db import connect, own_session
 from ...errors import PgidgenError
 from ...ranges import collapse
+from ...redact import scrub
 from .. import sqltext as q
 from ..context import MoveError, ShardContext
 from ..journal import POINT_OF_NO_RETURN, Journal

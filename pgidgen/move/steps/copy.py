@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
@@ -14,7 +15,6 @@ from ..context import MoveError
 from ..transfer import COPY_SECTIONS, SchemaDump, Transfer, plan_tables, plan_tables_of
 from .base import Background, CopyProgress, MoverBase
 from .replication import drop_slots
-
 
 #: Tables smaller than this (on disk, with indexes) are copied inline (transfer.Transfer.copy_rows).
 INLINE_BYTES = 1 << 20

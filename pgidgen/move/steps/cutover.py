@@ -14,7 +14,6 @@ from ..context import MoveError, describe_dependents, outside_dependents
 from ..journal import retired_names
 from .base import LOCK_WAIT_RECHECK, Background, CutoverAborted, MoverBase
 
-
 #: drift.SCHEMA_ITEMS_SQL for a batch's schemas at once: (schema, item).
 SCHEMA_ITEMS_MANY_SQL = ITEMS_SQL.replace(
     """    SELECT n.oid AS nsp, n.nspname, sh.shard

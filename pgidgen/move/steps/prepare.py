@@ -8,11 +8,12 @@ from typing import Any
 import psycopg
 
 from ...config import Config
-from ...db import connect, execute_script, pg_message, scrub, server_encoding, tool_args
-from ...errors import ConflictError, DatabaseError
+from ...db import connect, execute_script, pg_message, server_encoding, tool_args
 from ...ddl.ledger import DDL_LOCK
+from ...errors import ConflictError, DatabaseError
 from ...idgen import CATALOG_REVISION, CATALOG_REVISION_SQL, INIT_LOCK, LOCK_CLASS, check_argument_order, render_catalog
 from ...layout import Layout
+from ...redact import scrub
 from ...render import static_sql
 from .. import sqltext as q
 from ..context import MoveError

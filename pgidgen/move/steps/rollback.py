@@ -5,7 +5,7 @@ from ...db import execute_script
 from ...errors import DatabaseError
 from .. import sqltext as q
 from ..context import MoveError
-from .base import MoveReport, MoverBase
+from .base import MoverBase, MoveReport
 from .replication import drop_slots, teardown
 
 
