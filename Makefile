@@ -6,11 +6,12 @@ PY := $(VENV)/bin/python
 PGIDGEN := $(VENV)/bin/pgidgen
 PYTEST_ARGS ?=
 
-.PHONY: help venv deps test demo bench docs clean
+.PHONY: help venv deps lint test demo bench docs clean
 
 help:
 	@echo "make demo   - start two sandbox servers, init 2000 shards, insert and decode IDs"
-	@echo "make test   - run the test suite against real throwaway PostgreSQL servers"
+	@echo "make test   - lint and types, then the test suite against real throwaway PostgreSQL servers"
+	@echo "make lint   - ruff and mypy --strict alone (seconds)"
 	@echo "make bench  - benchmarks, as ratios against their baselines"
 	@echo "make docs   - regenerate docs/commands/ and docs/errors.md from the code (keeps the hand-written parts)"
 
@@ -34,7 +35,13 @@ deps: venv
 	@bash tests/ensure-deps.sh
 	@$(PGIDGEN) sandbox install 15 16 17 18
 
-test: venv deps
+# ruff (pyflakes, pycodestyle, bugbear, import order, pyupgrade) on everything, mypy --strict on the library:
+# seconds, against the suite's half hour; settings and each exception's reason in pyproject.toml
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: venv lint deps
 	@set -e; first=1; for v in $(PG_VERSIONS); do \
 	  echo "== tests on PostgreSQL $$v"; \
 	  if [ $$first = 1 ]; then PGIDGEN_PG_VERSION=$$v $(PY) -m pytest $(PYTEST_ARGS); \

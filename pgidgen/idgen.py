@@ -1,4 +1,20 @@
-"""Where IDs are made: rendering the catalog and each shard's schema, sequences and next_id()."""
+"""Where IDs are made: rendering the catalog and each shard's schema, sequences and next_id().
+
+Schema `shard_N` holds the user's tables and four pgidgen objects: sequences `pgidgen_counter` and
+`pgidgen_offset`, the function `next_id()` (its parameters' defaults are the fast path's reads: call it without
+arguments) and its slow path `pgidgen_locked_next_id()` (SECURITY DEFINER, so application roles need no UPDATE on
+the sequences). Before installing a generator on a database, init (and move-shard, on a database without a
+catalog) checks that the server evaluates function defaults in order (`check_argument_order`). The generator
+state (the largest ID handed out) is `pgidgen.last_id(N)`; `pgidgen.advance_generator(N, id)` makes every future
+ID of shard N greater than `id` (what a shard move carries across). docs/next_id.md has the argument.
+
+Advisory locks, all of class LOCK_CLASS: object N is shard N's generator (shard 0 is object 0); -1 is init; -4 is
+sharded DDL (apply-ddl holds it session-level on every configured database, in name order, while it plans and
+applies; init takes it transaction-level before replaying the ledger for new shards; a move takes it shared while
+it marks a shard 'moving', so apply-ddl and a move never overlap); -16777216 - N (move.journal.move_lock_key) is
+"shard N is being moved", held by the mover on the source for the whole move. CATALOG_REVISION is recorded as a
+comment on pgidgen.min_id(): init, move-shard and rebalance re-run an older catalog's SQL to bring it up.
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -121,7 +121,7 @@ def test_the_line_a_terminal_shows(one_db: tuple[Config, Path], tmp_path: Path) 
 
 def test_a_terminal_is_told_before_the_work_starts(one_db: tuple[Config, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The one line goes to a terminal only (not with --json or into a pipe), and only for a database split up."""
-    from pgidgen.cli_fleet import say_sizing
+    from pgidgen.cli.ddl import say_sizing
 
     config, _ = one_db
     init(config, SHARDS)

@@ -16,10 +16,11 @@ TODO = "TODO: what it means, and what to do."
 
 #: (path prefix, section title, the command page most entries link to), first match wins.
 AREAS = [
-    ("pgidgen/cli_check.py", "pgidgen check", "commands/check.md"),
+    ("pgidgen/cli/check.py", "pgidgen check", "commands/check.md"),
     ("pgidgen/check.py", "pgidgen check", "commands/check.md"),
-    ("pgidgen/cli_fleet.py", "Moves: move-shard, rebalance, cleanup", "commands/cleanup.md"),
-    ("pgidgen/cli.py", "The command line", "commands/README.md"),
+    ("pgidgen/cli/fleet.py", "Moves: move-shard, rebalance, cleanup", "commands/cleanup.md"),
+    ("pgidgen/cli/moves.py", "Moves: move-shard, rebalance, cleanup", "commands/move-shard.md"),
+    ("pgidgen/cli/", "The command line", "commands/README.md"),
     ("pgidgen/config.py", "Configuration and layout", "configuration.md"),
     ("pgidgen/layout.py", "Configuration and layout", "configuration.md"),
     ("pgidgen/decode.py", "Configuration and layout", "commands/decode.md"),

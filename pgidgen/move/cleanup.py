@@ -20,6 +20,12 @@ class CleanupReport:
     shard: int
     dropped: list[str] = field(default_factory=list)  # "db1.shard_5_moved_..."
 
+    #: nothing to find wrong: a copy that must stay is refused with an error before anything is dropped
+    ok = True
+
+    def lines(self) -> list[str]:
+        return [f"dropped {', '.join(self.dropped)}"]
+
     def as_dict(self) -> dict[str, Any]:
         return {"shard": self.shard, "dropped": self.dropped}
 

@@ -1,6 +1,13 @@
 """Finding a shard and checking, before anything is written, that it can move to the target.
 
 Every check here only reads; each failure is one line saying what is wrong and what to do.
+
+What is checked where: here, before anything is written, what would make the copy or the apply fail halfway
+(replica identity and its equality, triggers that fire on apply, roles, objects the shard uses outside its schema,
+objects outside it that depend on it); right before the pause, the schema on both sides (ddl/drift.py's
+SCHEMA_ITEMS_SQL, the items `status --drift` fingerprints) and outside dependents again; in the pause only what
+is cheap (tables and columns, the publication's hold on them). pgidgen's own sessions turn statement and idle
+timeouts off (db.connect, tool_args, the subscription's conninfo).
 """
 from __future__ import annotations
 

@@ -14,7 +14,14 @@ between a pipe and the target connection.
 A table whose columns use types defined in the database (enums, composites, arrays of them) or a source and
 target of different major versions take the text format: binary values of those carry type OIDs that differ
 between databases.
-"""
+
+One target transaction holds pg_dump's pre-data, every table's rows and the post-data, then the shard's
+`incoming` catalog row, so a resume or rollback sees all of the copy or none of it. Columns are named on both
+sides (a child table's columns can stand in another order on the target). pg_dump and psql children die with the
+mover (PR_SET_PDEATHSIG, set by util-linux's `setpriv --pdeathsig` so the child starts by vfork; a preexec prctl
+where setpriv is missing), so nothing commits behind a killed mover's back. In the copy's transaction, after the
+post-data, populated materialized views are refreshed and the grants each object's owner made are set to the
+source's (OWNER_GRANTS_SQL: the target's default privileges for the restoring role would otherwise change them)."""
 from __future__ import annotations
 
 import fcntl

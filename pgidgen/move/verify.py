@@ -56,6 +56,9 @@ class Verification:
     def mismatches(self) -> list[TableCheck]:
         return [t for t in self.tables if not t.ok]
 
+    def lines(self) -> list[str]:
+        return [f"verified {self.when}: {len(self.tables)} tables", *(f"  {t.describe()}" for t in self.tables)]
+
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "when": self.when, "rows": self.rows, "tables": [t.as_dict() for t in self.tables]}
 

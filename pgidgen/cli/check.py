@@ -5,10 +5,10 @@ import json
 
 import click
 
-from .cli import get_config, main
+from .common import get_config
 
 
-@main.command("check")
+@click.command("check")
 @click.option("--databases", metavar="NAMES", help="Only these databases (comma-separated; default: all in the config).")
 @click.option("--no-reach", is_flag=True, help="Skip the test that each target's server can log in to each source.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -17,7 +17,7 @@ def check_cmd(ctx: click.Context, databases: str | None, no_reach: bool, as_json
     """What each database needs for init and for online moves (versions, wal_level, replication slots, WAL
     senders, workers, the role's privileges, pg_dump, whether targets reach sources): one line per finding with
     what to change; exit 1 if any fails. move-shard and rebalance make the same checks before they start."""
-    from .check import check
+    from ..check import check
 
     config = get_config(ctx)
     result = check(config, config.select(databases), reach=not no_reach)

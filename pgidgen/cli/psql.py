@@ -6,10 +6,10 @@ import os
 
 import click
 
-from .cli import get_config, main
+from .common import get_config
 
 
-@main.command("psql", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.command("psql", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("database")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -18,8 +18,8 @@ def psql_cmd(ctx: click.Context, database: str, args: tuple[str, ...]) -> None:
 
     DATABASE is a name in the config; ARGS go to psql as they are (e.g. -c 'SELECT 1'). The connection string
     comes from the config, its password from the environment, as for every command."""
-    from .config import ConfigError
-    from .pgbin import newest_client
+    from ..errors import ConfigError
+    from ..pgbin import newest_client
 
     config = get_config(ctx)
     config.select(None)  # none at all: say how to add one
@@ -29,9 +29,9 @@ def psql_cmd(ctx: click.Context, database: str, args: tuple[str, ...]) -> None:
 
     import psycopg.conninfo
 
-    from .db import pg_message
-    from .errors import DatabaseError
-    from .redact import uri_password
+    from ..db import pg_message
+    from ..errors import DatabaseError
+    from ..redact import uri_password
 
     dsn = config.dsn(database)
     try:
@@ -47,4 +47,4 @@ def psql_cmd(ctx: click.Context, database: str, args: tuple[str, ...]) -> None:
     if params.get("password"):  # through the environment, not the command line (which `ps` shows)
         env["PGPASSWORD"] = str(params.pop("password"))
     program = str(newest_client("psql"))
-    os.execve(program, [program, "-X", "-d", psycopg.conninfo.make_conninfo(**params), *args], env)
+    os.execve(program, [program, "-X", "-d", psycopg.conninfo.make_conninfo("", **params), *args], env)

@@ -1,0 +1,95 @@
+"""What the commands share: the config, progress on a terminal, how results and SQL are printed, option values
+(durations, ages). It imports no command, and no command module imports another."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from ..config import Config, load_config
+from ..errors import InputError
+
+
+def get_config(ctx: click.Context, *, required: bool = True) -> Config:
+    return load_config(ctx.obj.get("config_path"), required=required)
+
+
+def interactive(as_json: bool) -> bool:
+    return not as_json and sys.stderr.isatty()
+
+
+class Bar:
+    """A progress bar on a terminal; silent with --json or when stderr is not a tty."""
+
+    def __init__(self, enabled: bool, label: str) -> None:
+        self.enabled = enabled
+        self.label = label
+        self._bar: Any = None
+
+    def start(self, total: int) -> None:
+        if self.enabled and total > 0:
+            self._bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True)
+            self._bar.__enter__()
+
+    def advance(self, n: int) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+
+
+def report(outcomes: list[Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps([o.as_dict() for o in outcomes], indent=2))
+    else:
+        for o in outcomes:
+            line = f"{o.database}: {o.summary}"
+            if o.error:
+                line += f": {o.error}"
+            click.echo(line)
+    failed = [o.database for o in outcomes if not o.ok and o.error]  # not those rolled back because another failed
+    if any(not o.ok for o in outcomes):
+        rest = "" if len(failed) == len(outcomes) else "; the others are as reported above"
+        raise click.ClickException(f"{len(failed)} of {len(outcomes)} databases failed ({', '.join(failed)}){rest}")
+
+
+def print_sql(per_database: dict[str, str]) -> None:
+    for name, text in per_database.items():
+        click.echo(f"-- ===== database {name} =====")
+        click.echo("BEGIN;")
+        click.echo(text.rstrip("\n"))
+        click.echo("COMMIT;")
+
+
+MAX_PAUSE_S = (2**31 - 1) // 1000
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from '1s', '500ms', '2.5' (seconds)."""
+    t = text.strip().lower()
+    try:
+        if t.endswith("ms"):
+            value = float(t[:-2]) / 1000
+        elif t.endswith("s"):
+            value = float(t[:-1])
+        else:
+            value = float(t)
+    except ValueError:
+        raise InputError(f"{text!r} is not a duration", hint="write it like 1s, 500ms or 2.5") from None
+    if not value > 0:
+        raise InputError(f"--max-pause must be more than 0, not {text!r}")
+    if value < 0.001:  # journaled, and given to lock_timeout, in whole ms (a journaled 0 reads as 'not given')
+        raise InputError(f"--max-pause must be at least 1ms, not {text!r}", hint="write it like 1s or 500ms")
+    if value > MAX_PAUSE_S:  # infinity too: the pause is a lock_timeout, at most 2^31 - 1 ms
+        raise InputError(f"--max-pause must be at most {MAX_PAUSE_S}s, not {text!r}", hint="write it like 1s or 500ms")
+    return value
+
+
+def typed(ctx: click.Context, name: str) -> bool:
+    """Whether the option was given on the command line (else its default: a resumed move keeps its journal's)."""
+    return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE

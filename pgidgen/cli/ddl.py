@@ -1,0 +1,74 @@
+"""`pgidgen apply-ddl`: a DDL file written once, applied to every shard (pgidgen.ddl holds the work)."""
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..errors import ConfigError
+from .common import Bar, get_config, interactive, print_sql, report
+
+# -- apply-ddl -----------------------------------------------------------------------------------------
+
+
+@click.command("apply-ddl")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--databases", metavar="NAMES", help="Comma-separated databases whose shards get the file (default: all).")
+@click.option("--name", help="Name the ledger records the file under (default: the file's base name).")
+@click.option("--reapply-changed", is_flag=True, help="Run a file whose content changed since it was applied again, on every shard.")
+@click.option("--commit-every", type=int, metavar="N", help="Commit every N shards (default: all at once when the server's lock table holds them, else chunks it sizes; re-runs resume).")
+@click.option("--sql", "sql_only", is_flag=True, help="Print the SQL per database without connecting (needs --shards).")
+@click.option("--shards", type=int, help="With --sql: the shard count, shards spread as init spreads them.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report, no progress bar.")
+@click.pass_context
+def apply_ddl_cmd(
+    ctx: click.Context,
+    file: str,
+    databases: str | None,
+    name: str | None,
+    reapply_changed: bool,
+    commit_every: int | None,
+    sql_only: bool,
+    shards: int | None,
+    as_json: bool,
+) -> None:
+    """Apply a DDL file written once, unqualified, to every shard; record it in the ledger."""
+    from ..ddl.apply import apply_ddl, offline_plan, read_file, render_apply
+
+    config = get_config(ctx)
+    parsed = read_file(file, name)
+    if shards is not None and not sql_only:
+        raise ConfigError("--shards is only used with --sql", hint="apply-ddl applies to the shards the databases hold")
+    if sql_only:
+        if shards is None:
+            raise ConfigError("--sql needs --shards N", hint="--sql does not connect, so it renders for shards spread as init --shards N spreads them")
+        print_sql(render_apply(offline_plan(config, parsed, shards, config.select(databases), commit_every=commit_every)))
+        return
+    bar = Bar(interactive(as_json), f"applying {parsed.name}")
+    try:
+        result = apply_ddl(
+            config,
+            parsed,
+            config.select(databases),
+            reapply_changed=reapply_changed,
+            commit_every=commit_every,
+            progress=bar.advance,
+            on_plan=lambda p: _planned(p, bar),
+        )
+    finally:
+        bar.close()
+    report(result.outcomes, as_json)
+    if not as_json and not result.changed:
+        click.echo(f"nothing to do: every shard already has {parsed.name} (#{result.plan.version.position}, sha256 {parsed.sha256[:12]})")
+
+
+def _planned(plan: Any, bar: Bar) -> None:
+    say_sizing(plan, bar.enabled)
+    bar.start(plan.total)
+
+
+def say_sizing(plan: Any, enabled: bool) -> None:
+    """On a terminal, one line per database split into several transactions, before the work starts."""
+    for name, sizing in plan.sizing.items():
+        if enabled and sizing.transactions > 1 and not sizing.chosen:
+            click.echo(sizing.describe(name), err=True)
