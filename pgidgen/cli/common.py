@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -10,6 +11,36 @@ import click
 
 from ..config import Config, load_config
 from ..errors import InputError
+
+
+class TakesNegatives(click.Command):
+    """A command whose arguments may start with '-' (a negative key, `-1` as a shard: refused as out of range
+    with the range, not as an unknown option). Unknown options are still refused: an argument that looks like an
+    option and not like a number is one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["context_settings"] = {**kwargs.get("context_settings", {}), "ignore_unknown_options": True}
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for word in args:
+            if word == "--":
+                break
+            if word.startswith("-") and not _NUMBERISH.match(word) and not any(word.split("=")[0] in p.opts for p in self.params):
+                raise click.NoSuchOption(word.split("=")[0], ctx=ctx)
+        return super().parse_args(ctx, args)
+
+
+def parse_key(text: str) -> int:
+    """A shard key given as an argument: a whole number (a user_id), negative ones included."""
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError(f"key {text!r} is not a whole number",
+                         hint="locate takes integer keys like a user_id; an ID goes with --id, a shard number with --shard") from None
+
+
+_NUMBERISH = re.compile(r"^-\d[\d,\-]*$")
 
 
 def get_config(ctx: click.Context, *, required: bool = True) -> Config:

@@ -128,6 +128,8 @@ def cleanup_cmd(ctx: click.Context, older_than: str | None, databases: str | Non
             for line in report.lines():
                 if not line.startswith("nothing to do"):
                     click.echo(line)
+        if not report.ok:  # as the real cleanup: a copy that must stay, or a database unreachable
+            ctx.exit(1)
         return
     bar = Bar(interactive(as_json), "dropping retired copies")
     try:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import click
 
 from ..layout import INSTAGRAM_EPOCH_MS, Layout, parse_epoch, parse_id
-from .common import Bar, get_config, interactive, print_sql, report
+from .common import Bar, TakesNegatives, get_config, interactive, parse_key, print_sql, report
 
 # -- layout --------------------------------------------------------------------------------------------
 
@@ -122,15 +122,19 @@ def decode_cmd(
 # -- locate --------------------------------------------------------------------------------------------
 
 
-@click.command("locate")
-@click.option("--key", "keys", multiple=True, type=int, metavar="KEY", help="A shard key, e.g. a user_id (repeatable).")
+@click.command("locate", cls=TakesNegatives)
+@click.argument("key_args", nargs=-1, metavar="[KEYS]...")
+@click.option("--key", "keys", multiple=True, type=int, metavar="KEY", help="A shard key, e.g. a user_id (repeatable; or as arguments).")
 @click.option("--id", "ids", multiple=True, metavar="ID", help="An ID made by next_id() (repeatable).")
 @click.option("--shard", "shards", multiple=True, type=int, metavar="N", help="A shard number (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_context
-def locate_cmd(ctx: click.Context, keys: tuple[int, ...], ids: tuple[str, ...], shards: tuple[int, ...], as_json: bool) -> None:
-    """Which shard, database and schema a key (key % shard count), an ID or a shard lives in now."""
+def locate_cmd(ctx: click.Context, key_args: tuple[str, ...], keys: tuple[int, ...], ids: tuple[str, ...], shards: tuple[int, ...],
+               as_json: bool) -> None:
+    """Which shard, database and schema keys (key % shard count, as arguments or --key), an ID or a shard lives in now."""
     from ..routing import locate
+
+    keys = (*(parse_key(k) for k in key_args), *keys)
 
     if not (keys or ids or shards):
         raise click.UsageError("give at least one --key, --id or --shard")

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ..redact import scrub
-from .common import Bar, get_config, interactive, parse_duration, typed
+from .common import Bar, TakesNegatives, get_config, interactive, parse_duration, typed
 
 # -- move-shard ----------------------------------------------------------------------------------------
 
@@ -28,7 +28,7 @@ class _CopyBar(Bar):
             self._bar.update(p.rows_copied - self._bar.pos)
 
 
-@click.command("move-shard")
+@click.command("move-shard", cls=TakesNegatives)
 @click.argument("shard", metavar="SHARDS")
 @click.argument("target", required=False, metavar="[TARGET_DB]")
 @click.option("--max-pause", default="1s", show_default=True, metavar="DURATION", help="Longest write pause allowed at the cutover; longer catch-up aborts it. --resume keeps the move's own unless given.")
