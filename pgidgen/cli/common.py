@@ -26,7 +26,7 @@ class TakesNegatives(click.Command):
         for word in args:
             if word == "--":
                 break
-            if word.startswith("-") and not _NUMBERISH.match(word) and not any(word.split("=")[0] in p.opts for p in self.params):
+            if word.startswith("-") and not _NUMBERISH.match(word) and not any(word.split("=")[0] in (*p.opts, *p.secondary_opts) for p in self.get_params(ctx)):
                 raise click.NoSuchOption(word.split("=")[0], ctx=ctx)
         return super().parse_args(ctx, args)
 
