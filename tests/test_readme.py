@@ -114,9 +114,9 @@ class Run:
         got = output_lines(printed)
         assert [shape(x) for x in got] == [shape(x) for x in shown], (
             f"{where}: {what} printed (left) what the README does not show (right):\n"
-            + "\n".join(f"  {a!r:70} | {b!r}" for a, b in zip(got + [""] * len(shown), shown + [""] * len(got)) if a or b))
-        for readme, real in zip(shown, got):
-            self.ids.update(zip(ID.findall(readme), ID.findall(real)))
+            + "\n".join(f"  {a!r:70} | {b!r}" for a, b in zip(got + [""] * len(shown), shown + [""] * len(got), strict=True) if a or b))
+        for readme, real in zip(shown, got, strict=True):  # equal lengths: asserted above
+            self.ids.update(zip(ID.findall(readme), ID.findall(real), strict=True))  # the same shape: as many IDs
 
 
 def shell_lines(text: str) -> list[str]:
