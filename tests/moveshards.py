@@ -225,8 +225,10 @@ def alive(pid: int) -> bool:
 
 def no_bytes(output: str) -> list[str]:
     """Output lines without the sizes in them (", 96 kB", " (48 kB)"): they differ between PostgreSQL majors; and
-    without a batch's estimated pause (", estimated write pause 56 ms"), which follows the cost constants."""
-    return [re.sub(r",? \(?[0-9.]+ (bytes|kB|MB|GB)\)?|, estimated write pause [0-9]+ ms", "", line) for line in output.splitlines()]
+    without a batch's estimated pause (", estimated write pause 56 ms") and a dry run's estimated time and pause
+    ("about 3 s", "up to 56 ms": "about N s", "up to N ms"), which follow the cost constants."""
+    lines = [re.sub(r",? \(?[0-9.]+ (bytes|kB|MB|GB)\)?|, estimated write pause [0-9]+ ms", "", line) for line in output.splitlines()]
+    return [re.sub(r"about [0-9]+ s", "about N s", re.sub(r"up to [0-9]+ ms", "up to N ms", line)) for line in lines]
 
 
 #: Where a move can be stopped: before each step, and inside the copy and the pause.

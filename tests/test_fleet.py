@@ -109,8 +109,8 @@ def test_dry_run_after_an_interrupted_rebalance_shows_the_plan_the_next_run_foll
     assert planned == [
         "db1: 4 shards -> 3 shards (0-1,7)", "db2: 4 shards -> 3 shards (4-6)", "db3: 0 shards -> 2 shards (2-3)",
         "finish the move of shards 2-3: db1 -> db3 (left unfinished by an earlier rebalance; from its journal, first)",
-        "move shard 7: db2 -> db1",
-        "in 1 batch (one replication stream and one write pause each), at most 2 at a time:", "  db2 -> db1: 1 shard (7)",
+        "db2 -> db1: 1 shard, 1 batch (estimated write pause up to N ms), about N s",
+        "in 1 batch (one replication stream and one write pause each), at most 2 at a time: about N s ('--verbose' lists every move and batch)",
     ], res.output
     data = json.loads(cli(config_file, "rebalance", "--by", "count", "--dry-run", "--json").output)
     assert data["finishing"] == [{"shard": 2, "source": "db1", "target": "db3"}, {"shard": 3, "source": "db1", "target": "db3"}]
@@ -206,7 +206,7 @@ def test_size_plan_balances_bytes_the_count_plan_counts(config: Config, config_f
     lines = res.output.splitlines()
     assert re.fullmatch(r"db1: 8 shards, [0-9.]+ MB -> 7 shards, [0-9.]+ (kB|MB) \(1-7\)", lines[0]), lines
     assert re.fullmatch(r"db2: 0 shards, 0 bytes -> 1 shards, [0-9.]+ MB \(0\)", lines[1]), lines
-    assert re.fullmatch(r"move shard 0: db1 -> db2 \([0-9.]+ MB\)", lines[2]), lines
+    assert re.fullmatch(r"db1 -> db2: 1 shard, [0-9.]+ MB, 1 batch \(estimated write pause up to [0-9]+ ms\), about [0-9]+ s", lines[2]), lines
     data = json.loads(cli(config_file, "rebalance", "--databases", "db1,db2", "--dry-run", "--json").output)
     assert data["by"] == "size" and data["bytes_before"] == {"db1": by_size.bytes_of(range(8)), "db2": 0}
     res = cli(config_file, "rebalance", "--databases", "db1,db2")

@@ -323,3 +323,17 @@ def test_a_batch_counts_a_lock_for_every_relation_its_copy_holds(config: Config)
             " AND relation NOT IN (SELECT oid FROM pg_class WHERE relnamespace = 'pg_catalog'::regnamespace)").fetchone()[0]  # type: ignore[index]
         c.rollback()
     assert cost.relations == held, (cost, held)
+
+
+def test_the_dry_runs_forecast_follows_the_pacer() -> None:
+    """rebalance --dry-run forecasts a run's batches with the run's own pacer: at the estimate, the first cut;
+    with every pause at half the estimate or less, each batch up to twice the last (what a newcomer's run did:
+    10, 21, 42, 85, 171 shards of two tables, against 68 batches of 10 planned)."""
+    from pgidgen.move.batches import Pacer, ShardCost
+
+    costs = [ShardCost(i, 2, 8) for i in range(680)]
+    pacer = Pacer(1.0, 100_000)
+    assert [len(b) for b in pacer.run_through(costs)] == [10] * 68
+    assert [len(b) for b in pacer.run_through(costs, ratio=0.5)] == [10, 21, 42, 85, 171, 342, 9]
+    assert pacer.scale == 1.0  # the forecast leaves the pacer as it was
+    assert [len(b) for b in Pacer(None, 100_000).run_through(costs, ratio=0.1)] == [680]  # offline: by locks only

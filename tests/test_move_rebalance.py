@@ -29,10 +29,18 @@ def test_rebalance_onto_a_new_database(config: Config, config_file: Path) -> Non
     assert res.exit_code == 0, res.output
     assert no_bytes(res.output) == [
         "db1: 4 shards -> 3 shards (0-2)", "db2: 4 shards -> 3 shards (4-6)", "db3: 0 shards -> 2 shards (3,7)",
-        "move shard 3: db1 -> db3", "move shard 7: db2 -> db3",
-        "in 2 batches (one replication stream and one write pause each), at most 2 at a time:",
-        "  db1 -> db3: 1 shard (3)", "  db2 -> db3: 1 shard (7)",
+        "db1 -> db3: 1 shard, 1 batch (estimated write pause up to N ms), about N s",
+        "db2 -> db3: 1 shard, 1 batch (estimated write pause up to N ms), about N s",
+        "in 2 batches (one replication stream and one write pause each), at most 2 at a time: about N s ('--verbose' lists every move and batch)",
     ]
+    res = runner.invoke(main, ["--config", str(config_file), "rebalance", "--dry-run", "--by", "count", "--verbose"])
+    assert no_bytes(res.output)[3:] == [
+        "move shard 3: db1 -> db3", "move shard 7: db2 -> db3",
+        "db1 -> db3: 1 shard, 1 batch (estimated write pause up to N ms), about N s",
+        "db2 -> db3: 1 shard, 1 batch (estimated write pause up to N ms), about N s",
+        "in 2 batches (one replication stream and one write pause each), at most 2 at a time: about N s",
+        "  db1 -> db3: 1 shard (3)", "  db2 -> db3: 1 shard (7)",
+    ], res.output
     assert leftovers(config.databases) == []  # the dry run changed nothing
     res = runner.invoke(main, ["--config", str(config_file), "rebalance", "--parallel", "2", "--json", "--by", "count"])
     assert res.exit_code == 0, res.output

@@ -152,11 +152,12 @@ def cleanup_cmd(ctx: click.Context, older_than: str | None, databases: str | Non
 @click.option("--by", type=click.Choice(["size", "count"]), default="size", show_default=True,
               help="Even out the bytes on disk (the shards' tables and indexes), or the number of shards.")
 @click.option("--drop-source", is_flag=True, help="Drop each source copy right after its verified move.")
-@click.option("--dry-run", is_flag=True, help="Print the plan (shards and bytes per database before and after, the moves and their batches), and change nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (shards and bytes per database before and after; per source -> target pair its shards, bytes, batches, estimated pause and time), and change nothing.")
+@click.option("--verbose", is_flag=True, help="With --dry-run: every move and every batch too.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
 @click.pass_context
 def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_pause: str, offline: bool, by: str, drop_source: bool,
-                  dry_run: bool, as_json: bool) -> None:
+                  dry_run: bool, verbose: bool, as_json: bool) -> None:
     """Move shards so every database holds an even share of bytes (or of shards), several moves at once."""
     from .. import move
     from ..move.rebalance import Interrupted, plan_batches_of, plan_rebalance, rebalance
@@ -168,7 +169,7 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
     if dry_run:
         plan = plan_rebalance(config, names, by=by)
         plan_batches_of(config, plan, parallel=parallel, options=opts)
-        click.echo(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()))
+        click.echo(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines(verbose=verbose)))
         return
     # the plan's shards, known once an earlier run's unfinished moves are finished (those come first, counted apart)
     t0, tally = time.monotonic(), {"shards": 0, "bytes": 0, "total": 0}

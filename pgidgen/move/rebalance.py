@@ -26,8 +26,9 @@ from ..ranges import collapse
 from ..redact import scrub
 from ..sizes import human, read_sizes
 from .balance import spread_bytes
-from .context import MoveError, preflight, read_states
-from .engine import Hook, MoveOptions, MoveReport, ensure_catalog, move_shards, plan_shards, resume_move
+from .batches import estimate_seconds, plan_batches
+from .context import MoveError, locate_batch, preflight, read_states
+from .engine import Hook, MoveOptions, MoveReport, ensure_catalog, move_shards, resume_move
 from .journal import has_journal
 from .steps.base import StopFlag, run_stoppable
 
@@ -51,10 +52,11 @@ class PlannedBatch:
     shards: list[int]
     bytes: int
     pause_s: float  # estimated (batches.py)
+    seconds: float = 0.0  # estimated, the whole move of the batch (batches.estimate_seconds)
 
     def as_dict(self) -> dict[str, Any]:
         return {"source": self.source, "target": self.target, "shards": collapse(self.shards), "count": len(self.shards), "bytes": self.bytes,
-                "estimated_pause_ms": round(self.pause_s * 1000)}
+                "estimated_pause_ms": round(self.pause_s * 1000), "estimated_seconds": round(self.seconds, 1)}
 
     def line(self) -> str:
         n = len(self.shards)
@@ -80,6 +82,9 @@ class RebalancePlan:
     #: the batches the moves run in, `parallel` at a time (None: not planned; see plan_batches_of)
     batches: list[PlannedBatch] | None = None
     parallel: int = 1
+    #: per source -> target pair, the batches a run cuts when every pause comes in at half its estimate or less
+    #: (each batch up to twice the last: batches.Pacer), against the estimate's batches
+    fewest: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @property
     def even(self) -> bool:
@@ -106,27 +111,56 @@ class RebalancePlan:
             "left_mid_move": [{"shard": s, "database": n} for s, n in sorted(self.midmove.items())],
             "blocked_by_retired_copy": [{"shard": s, "database": n} for s, n in sorted(self.blocked.items())],
             "even": self.even,
-            **({"batches": [b.as_dict() for b in self.batches], "parallel": self.parallel} if self.batches is not None else {}),
+            **({"batches": [b.as_dict() for b in self.batches], "parallel": self.parallel, "summary": self.summary(),
+                "estimated_seconds": round(self.seconds(), 1)} if self.batches is not None else {}),
         }
 
-    def lines(self) -> list[str]:
+    def summary(self) -> list[dict[str, Any]]:
+        """Per source -> target pair (a dry run's): shards, bytes, batches, the longest estimated pause, time."""
+        pairs: dict[tuple[str, str], list[PlannedBatch]] = {}
+        for b in self.batches or []:
+            pairs.setdefault((b.source, b.target), []).append(b)
+        return [{"source": s, "target": t, "shards": sum(len(b.shards) for b in bs), "bytes": sum(b.bytes for b in bs), "batches": len(bs),
+                 "fewest_batches": self.fewest.get((s, t), len(bs)), "estimated_pause_ms": round(max(b.pause_s for b in bs) * 1000),
+                 "estimated_seconds": round(sum(b.seconds for b in bs), 1)} for (s, t), bs in pairs.items()]
+
+    def seconds(self) -> float:
+        """The dry run's estimate of the whole run: its batches' time, `parallel` at a time."""
+        lanes = [0.0] * max(1, self.parallel)
+        for b in sorted(self.batches or [], key=lambda b: -b.seconds):
+            lanes[lanes.index(min(lanes))] += b.seconds
+        return max(lanes)
+
+    def lines(self, *, verbose: bool = False) -> list[str]:
+        """Shards per database before and after, the moves an earlier run left (finished first), then a dry run's
+        summary per source -> target pair; with verbose, every move and every batch."""
         out = [f"{n}: {self._held(self.before[n])} -> {self._held(self.after[n])} ({collapse(self.after[n]) or '-'})" for n in self.before]
         pairs: dict[tuple[str, str], list[int]] = {}
         for m in self.finishing:
             pairs.setdefault((m.source, m.target), []).append(m.shard)
         out += [f"finish the move of shard{'s' if len(v) > 1 else ''} {collapse(v)}: {src} -> {tgt} (left unfinished by an earlier rebalance;"
                 " from its journal, first)" for (src, tgt), v in pairs.items()]
-        out += [f"move shard {m.shard}: {m.source} -> {m.target}" + (f" ({human(self.sizes.get(m.shard, 0))})" if self.sizes else "")
-                for m in self.moves]
-        return out + self.tail()
+        if self.batches is None or verbose:
+            out += [f"move shard {m.shard}: {m.source} -> {m.target}" + (f" ({human(self.sizes.get(m.shard, 0))})" if self.sizes else "")
+                    for m in self.moves]
+        return out + self.tail(verbose=verbose)
 
-    def tail(self) -> list[str]:
-        """The lines after the moves: their batches (a dry run's), what stays where it is, and whether it evens out."""
+    def tail(self, *, verbose: bool = False) -> list[str]:
+        """The lines after the moves: their batches (a dry run's: a summary, each batch with verbose), what stays where
+        it is, and whether it evens out."""
         out = []
         if self.batches:
+            for p in self.summary():
+                fewer = (f"; as few as {p['fewest_batches']} if its pauses come in at half the estimate or less"
+                         if p["fewest_batches"] < p["batches"] else "")
+                out.append(f"{p['source']} -> {p['target']}: {p['shards']} shard{'s' if p['shards'] != 1 else ''}, {human(p['bytes'])},"
+                           f" {p['batches']} batch{'es' if p['batches'] != 1 else ''} (estimated write pause up to {p['estimated_pause_ms']} ms"
+                           f"{fewer}), about {p['estimated_seconds']:.0f} s")
             n = len(self.batches)
-            out.append(f"in {n} batch{'es' if n != 1 else ''} (one replication stream and one write pause each), at most {self.parallel} at a time:")
-            out += [b.line() for b in self.batches]
+            out.append(f"in {n} batch{'es' if n != 1 else ''} (one replication stream and one write pause each), at most {self.parallel} at a time:"
+                       f" about {self.seconds():.0f} s" + ("" if verbose else " ('--verbose' lists every move and batch)"))
+            if verbose:
+                out += [b.line() for b in self.batches]
         out += [f"shard {s} is in the middle of a move: left on {n} (finish it with 'pgidgen move-shard {s} --resume' or '--rollback')"
                 for s, n in sorted(self.midmove.items())]
         if not self.even:
@@ -410,9 +444,13 @@ def plan_batches_of(config: Config, plan: RebalancePlan, *, parallel: int = 2, o
     _check_parallel(parallel)
     sources = {m.shard: m.source for m in plan.moves}
     out = []
+    plan.fewest = {}
     for target, shards in work_units(plan.moves, parallel):
-        out += [PlannedBatch(sources[shards[0]], target, b.shards, plan.bytes_of(b.shards), b.pause_s)
-                for b in plan_shards(config, shards, target, options=options)]
+        pacer, batches = plan_batches(config, locate_batch(config, sorted(shards), target), options or MoveOptions())
+        out += [PlannedBatch(sources[shards[0]], target, b.shards, plan.bytes_of(b.shards), b.pause_s,
+                             estimate_seconds(b.costs, plan.bytes_of(b.shards))) for b in batches]
+        pair = (sources[shards[0]], target)
+        plan.fewest[pair] = plan.fewest.get(pair, 0) + len(pacer.run_through([c for b in batches for c in b.costs], ratio=0.5))
     plan.batches, plan.parallel = out, parallel
     return out
 
