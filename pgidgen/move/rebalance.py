@@ -448,7 +448,7 @@ def plan_batches_of(config: Config, plan: RebalancePlan, *, parallel: int = 2, o
     for target, shards in work_units(plan.moves, parallel):
         pacer, batches = plan_batches(config, locate_batch(config, sorted(shards), target), options or MoveOptions())
         out += [PlannedBatch(sources[shards[0]], target, b.shards, plan.bytes_of(b.shards), b.pause_s,
-                             estimate_seconds(b.costs, plan.bytes_of(b.shards))) for b in batches]
+                             estimate_seconds(b.costs, plan.bytes_of(b.shards), start_s=pacer.start_s)) for b in batches]
         pair = (sources[shards[0]], target)
         plan.fewest[pair] = plan.fewest.get(pair, 0) + len(pacer.run_through([c for b in batches for c in b.costs], ratio=0.5))
     plan.batches, plan.parallel = out, parallel
