@@ -337,3 +337,20 @@ def test_the_dry_runs_forecast_follows_the_pacer() -> None:
     assert [len(b) for b in pacer.run_through(costs, ratio=0.5)] == [10, 21, 42, 85, 171, 342, 9]
     assert pacer.scale == 1.0  # the forecast leaves the pacer as it was
     assert [len(b) for b in Pacer(None, 100_000).run_through(costs, ratio=0.1)] == [680]  # offline: by locks only
+
+
+def test_a_set_move_that_fails_after_some_batches_reports_them_and_the_rest(config: Config, config_file: Path) -> None:
+    """The command line prints the batches that moved before the error, and the error says what moved and what
+    moves the rest (it said only the failing batch's error, so the moved shards looked unmoved)."""
+    setup_shards(config, rows=20)
+    with psycopg.connect(config.dsn("db1")) as blocker:
+        blocker.execute("LOCK TABLE shard_3.tags IN ROW EXCLUSIVE MODE")
+        res = CliRunner().invoke(main, ["--config", str(config_file), "move-shard", "0-3", "db3", "--max-pause", "300ms"])
+        blocker.rollback()
+    assert res.exit_code == 1, res.output
+    assert "moved shards 0-1 from db1 to db3" in res.output and "moved shard 2 from db1 to db3" in res.output, res.output
+    last = res.output.strip().splitlines()[-1]
+    assert last.startswith("Error: shard 3 did not move") and ", after 3 shards moved to db3 (0-2)" in last, last
+    assert last.endswith("; shard 3 did not move ('pgidgen map' shows where each is)"), last
+    assert resume_move(config, 3).status == "done"
+    assert leftovers(config.databases) == []

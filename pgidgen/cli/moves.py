@@ -50,6 +50,7 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
     and crash-safe. A set moves in batches: one replication stream and one write pause each. Ctrl-C lets the batch
     in flight finish (or roll back), starts no other, and prints the command that moves the rest."""
     from .. import move
+    from ..move.engine import BatchesFailed
     from ..move.request import MoveRequest, carry_out, inspect
     from ..move.request import dry_run as plan
     from ..ranges import collapse
@@ -81,10 +82,13 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
                    + f"pgidgen: Ctrl-C: finishing {what}, then stopping (a second Ctrl-C does not cut it short)", err=True)
 
     interrupted: move.MovesInterrupted | None = None
+    failed: BatchesFailed | None = None
     try:
         reports = carry_out(config, request, progress=bar.show, on_interrupt=notice)
     except move.MovesInterrupted as e:
         reports, interrupted = e.reports, e
+    except BatchesFailed as e:  # the batches that moved are reported, then the error
+        reports, failed = e.reports, e
     finally:
         bar.close()
     if as_json:
@@ -93,6 +97,8 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
         click.echo("\n".join(line for r in reports for line in r.lines()))
     if interrupted is not None:
         raise click.ClickException(_interrupted(ctx, request, interrupted, bool(reports)))
+    if failed is not None:
+        raise failed
     if any(r.verification is not None and not r.verification.ok for r in reports):
         ctx.exit(1)
 

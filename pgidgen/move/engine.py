@@ -135,6 +135,18 @@ class MovesInterrupted(KeyboardInterrupt):
         self.reports, self.left, self.target, self.rolled_back = reports, left, target, rolled_back
 
 
+class BatchesFailed(MoveError):
+    """A batch of a set move failed after earlier batches moved: reports holds theirs (the error alone would hide
+    that some shards moved), left the shards that did not move; cause is the batch's own error."""
+
+    def __init__(self, cause: PgidgenError, reports: list[MoveReport], left: list[int], target: str) -> None:
+        moved = sorted(s for r in reports for s in r.shards)
+        rest = f"shard{'s' if len(left) > 1 else ''} {collapse(left)} did not move ('pgidgen map' shows where each is)"
+        super().__init__(f"{cause.what}, after {len(moved)} shards moved to {target} ({collapse(moved)})", where=cause.where,
+                         hint=f"{cause.hint}; {rest}" if cause.hint else rest)
+        self.cause, self.reports, self.left, self.target = cause, reports, left, target
+
+
 def move_shards_interruptible(
     config: Config,
     shards: Sequence[int],
@@ -151,9 +163,15 @@ def move_shards_interruptible(
     short either. A Ctrl-C during the last batch changes nothing: the reports are returned."""
     reports: list[MoveReport] = []
     rolled: list[list[int]] = []
-    _, interrupted = run_stoppable(lambda stop: move_shards(config, shards, target, options=options, progress=progress, hook=hook,
-                                                            on_batch=reports.append, should_stop=stop.is_set, on_rollback=rolled.append),
-                                   on_interrupt=on_interrupt)
+    try:
+        _, interrupted = run_stoppable(lambda stop: move_shards(config, shards, target, options=options, progress=progress, hook=hook,
+                                                                on_batch=reports.append, should_stop=stop.is_set, on_rollback=rolled.append),
+                                       on_interrupt=on_interrupt)
+    except PgidgenError as e:
+        if not reports:
+            raise
+        moved = {s for r in reports for s in r.shards}
+        raise BatchesFailed(e, reports, [s for s in sorted(set(shards)) if s not in moved], target) from None
     moved = {s for r in reports for s in r.shards}
     left = [s for s in sorted(set(shards)) if s not in moved]
     if interrupted and left:
