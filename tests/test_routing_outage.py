@@ -1,11 +1,15 @@
 """A database that is down is not a move (issue 36): with db2's server really stopped (pg_ctl stop), every call for
 one of its shards fails with DatabaseUnavailableError, which names it, within the connect timeout (then at once:
 the breaker), while db1's shards keep serving; started again, db2's shards serve again through the breaker's
-half-open probe. Sync Router under 8 threads, and AsyncRouter; and a host that never answers a connect."""
+half-open probe. Sync Router under 8 threads, AsyncRouter, and the SQLAlchemy and Django integrations; and a host
+that never answers a connect."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy import text
 from test_routing import SHARDS, TABLE, count, create_in_shards, insert
 
 from pgidgen import sandbox
@@ -21,6 +26,7 @@ from pgidgen.config import Config
 from pgidgen.errors import DatabaseUnavailableError
 from pgidgen.idgen import schema_name
 from pgidgen.init import init
+from pgidgen.integrations.sqlalchemy import Sharding
 from pgidgen.routing import AsyncRouter, Router
 from pgidgen.routing.breaker import CONNECT_TIMEOUT, PROBE_EVERY
 
@@ -179,6 +185,28 @@ def test_async_router_fails_a_stopped_database_at_once_and_recovers(spread: Conf
     assert stats["retries"] == 0 and stats["probes"] >= 1, stats
 
 
+def test_sqlalchemy_sharding_fails_a_stopped_database_at_once(spread: Config, db2_server: sandbox.Server) -> None:
+    def write(shard: int) -> Any:
+        return lambda session: session.execute(text("INSERT INTO items (k) VALUES (:k) RETURNING id"), {"k": shard}).scalar()
+
+    with Router(spread, listen=False) as router:
+        sharding = Sharding(router)
+        try:
+            assert sharding.run(5, write(5)) and sharding.run(1, write(1))  # the engines' connections made
+            sandbox.stop(db2_server)
+            for _ in range(2):  # the first finds the engine's connection broken and db2 not answering; the next fails at once
+                t0 = time.monotonic()
+                with pytest.raises(DatabaseUnavailableError, match="database db2 .* is unreachable"):
+                    sharding.run(5, write(5))
+                assert time.monotonic() - t0 < BOUND
+            assert router.stats["unreachable"] >= 2 and "db2" in router.pools.down
+            assert sharding.run(1, write(1))
+            sandbox.start(db2_server)
+            recover(lambda: sharding.run(5, write(5)))
+        finally:
+            sharding.dispose()
+
+
 def test_a_database_that_does_not_answer_fails_within_the_connect_timeout(spread: Config) -> None:
     """A connect that times out (a host that takes the connection and never answers: hung, or behind a black hole)
     is the same as a refused one: the call that finds it waits the connect timeout, those after it fail at once."""
@@ -198,3 +226,59 @@ def test_a_database_that_does_not_answer_fails_within_the_connect_timeout(spread
             assert isinstance(e, DatabaseUnavailableError) and router.stats["probes"] == probes and dt < BOUND
             assert timed(router, 1)[2] is None
 
+
+#: A Django process (Django is configured once per process): writes through run_on_shard to a shard of db1 and of
+#: db2, says "ready", and after a line on stdin (db2 stopped) tries db2's twice and db1's once, printing each outcome.
+DJANGO_APP = """
+import sys, time
+import django
+from django.conf import settings
+from pgidgen.integrations.django import databases
+settings.configure(DATABASES=databases(), INSTALLED_APPS=[], USE_TZ=True)
+django.setup()
+from django.db import connections
+from pgidgen.errors import DatabaseUnavailableError
+from pgidgen.idgen import schema_name
+from pgidgen.init import init
+from pgidgen.integrations.django import get_router, run_on_shard
+
+def write(shard):
+    def work():
+        with connections[get_router().database_for(shard)].cursor() as cursor:
+            cursor.execute("INSERT INTO items (k) VALUES (%s)", [shard])
+    return lambda: run_on_shard(shard, work)
+
+write(5)(), write(1)()
+print("ready", flush=True)
+sys.stdin.readline()
+for shard in (5, 5, 1):
+    t0 = time.monotonic()
+    try:
+        write(shard)()
+        print(shard, "ok", flush=True)
+    except DatabaseUnavailableError as e:
+        print(shard, e.database, time.monotonic() - t0, flush=True)
+"""
+
+
+def test_django_run_on_shard_fails_a_stopped_database_at_once(spread: Config, config_file: Path, db2_server: sandbox.Server) -> None:
+    pytest.importorskip("django")
+    env = {**os.environ, "PGIDGEN_CONFIG": str(config_file)}
+    app = subprocess.Popen([sys.executable, "-c", DJANGO_APP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert app.stdout is not None and app.stdin is not None
+        line = app.stdout.readline()
+        assert line == "ready\n", line + (app.stderr.read() if app.stderr else "")
+        sandbox.stop(db2_server)
+        app.stdin.write("stopped\n")
+        app.stdin.flush()
+        out, err = app.communicate(timeout=60)
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait()
+    assert app.returncode == 0, err
+    lines = [line.split() for line in out.splitlines()]
+    assert [line[:2] for line in lines] == [["5", "db2"], ["5", "db2"], ["1", "ok"]], out + err
+    assert all(float(line[2]) < BOUND for line in lines[:2]), out  # the first within the connect timeout, then at once
