@@ -66,9 +66,9 @@ def session_conninfo(dsn: str, server_version: int) -> str:
     return dsn if options is None else psycopg.conninfo.make_conninfo(dsn, options=options)
 
 
-def timeout_for(dsn: str) -> dict[str, Any]:
-    """connect_timeout=CONNECT_TIMEOUT as a connect() keyword, unless the DSN or PGCONNECT_TIMEOUT sets one: a
-    keyword would override the user's (a multi-host string's short timeout, for a quick failover, among them)."""
+def timeout_for(dsn: str, seconds: int = CONNECT_TIMEOUT) -> dict[str, Any]:
+    """connect_timeout=seconds as a connect() keyword, unless the DSN or PGCONNECT_TIMEOUT sets one: a keyword
+    would override the user's (a multi-host string's short timeout, for a quick failover, among them)."""
     if os.environ.get("PGCONNECT_TIMEOUT"):
         return {}
     try:
@@ -76,7 +76,7 @@ def timeout_for(dsn: str) -> dict[str, Any]:
             return {}
     except psycopg.ProgrammingError:
         pass  # connecting reports it
-    return {"connect_timeout": CONNECT_TIMEOUT}
+    return {"connect_timeout": seconds}
 
 
 def connect(name: str, dsn: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:

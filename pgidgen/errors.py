@@ -72,3 +72,13 @@ class ShardUnavailableError(RoutingError):
     the map is broken)."""
 
     retryable = True
+
+
+class DatabaseUnavailableError(RoutingError):
+    """The database serving a shard cannot be connected to: its server is down or unreachable. Not a move, so not
+    retried: the Router fails the calls for that database at once while it stays down (its breaker), and lets one
+    through now and then to notice it is back."""
+
+    def __init__(self, what: str, *, database: str, where: str | None = None, hint: str | None = None) -> None:
+        self.database = database
+        super().__init__(what, where=where, hint=hint)

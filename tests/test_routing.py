@@ -18,12 +18,13 @@ from psycopg import sql
 from pgidgen.catalog import read_state
 from pgidgen.cli import main as cli
 from pgidgen.config import Config
-from pgidgen.db import CONNECT_TIMEOUT, connect, execute_script
-from pgidgen.errors import InputError, RoutingError, ShardMovedError, ShardUnavailableError
+from pgidgen.db import connect, execute_script
+from pgidgen.errors import DatabaseUnavailableError, InputError, RoutingError, ShardMovedError, ShardUnavailableError
 from pgidgen.idgen import CLAIM_LOCK_BASE, LOCK_CLASS, render_catalog, render_shard, schema_name
 from pgidgen.init import init
 from pgidgen.move.sqltext import freeze_sql
 from pgidgen.routing import Router, hashed, modulo
+from pgidgen.routing.breaker import CONNECT_TIMEOUT as ROUTER_CONNECT_TIMEOUT
 
 SHARDS = 8
 TABLE = "CREATE TABLE items (id bigint PRIMARY KEY DEFAULT next_id(), k bigint NOT NULL, note text);"
@@ -427,15 +428,22 @@ def test_a_shard_between_databases_is_unavailable_then_routed(router: Router, sh
 
 
 def test_an_unreachable_database_is_named_and_the_others_still_route(sharded: Config, layout: Any) -> None:
+    """Not a move (nothing to retry): the shards no reachable database serves are said to be on the one that is
+    down, and their calls fail at once (tests/test_routing_outage.py stops a real server)."""
     dsns = dict(sharded.databases)
     dsns["db2"] = "postgresql://nobody:secret@127.0.0.1:1/x"
     broken = Config(layout=layout, databases=dsns)
     with Router(broken, listen=False, pool_timeout=1) as r:
         assert r.database_for(1) == "db1"
-        with pytest.raises(ShardUnavailableError) as err:
+        with pytest.raises(DatabaseUnavailableError) as err:
             r.route(5)
-        assert "no database serves shard 5 right now; unreachable: db2" in str(err.value)
+        assert "database db2 is unreachable, and no other database serves shard 5" in str(err.value)
+        assert err.value.database == "db2" and not err.value.retryable
         assert "secret" not in str(err.value)
+        t0 = time.monotonic()
+        with pytest.raises(DatabaseUnavailableError):
+            r.run(5, insert(5))
+        assert time.monotonic() - t0 < r.units.retry_for / 2  # not retried as a move would be
 
 
 def test_no_catalog_anywhere(config: Config) -> None:
@@ -525,11 +533,13 @@ def test_a_database_with_an_unset_variable_does_not_stop_the_router(sharded: Con
 
 def test_a_connect_timeout_in_the_connection_string_is_the_routers(sharded: Config) -> None:
     """The DSN's own connect_timeout (a multi-host string's short one, for a quick failover) is what the Router's
-    connections use, not pgidgen's default; without one, pgidgen's default."""
+    connections use, not pgidgen's default; without one, the Router's connect_timeout (2s unless given)."""
     own = {**sharded.databases, "db1": psycopg.conninfo.make_conninfo(sharded.dsn("db1"), connect_timeout=3)}
     app = Config(layout=sharded.layout, databases=own)
     with Router(app, listen=False) as r:
         used = {db: r.run(shard, lambda c: c.info.get_parameters().get("connect_timeout")) for db, shard in (("db1", 1), ("db2", 5))}
-    assert used == {"db1": "3", "db2": str(CONNECT_TIMEOUT)}, used
+    assert used == {"db1": "3", "db2": str(ROUTER_CONNECT_TIMEOUT)}, used
+    with Router(app, listen=False, connect_timeout=5) as r:  # the Router's own, overridden
+        assert r.run(5, lambda c: c.info.get_parameters().get("connect_timeout")) == "5"
     with connect("db1", own["db1"]) as conn:  # pgidgen's own connections alike
         assert conn.info.get_parameters().get("connect_timeout") == "3"

@@ -27,10 +27,12 @@ from django.db import DatabaseError, connections, transaction
 from psycopg.pq import TransactionStatus
 
 from ..config import Config, load_config
+from ..db import timeout_for
 from ..errors import RoutingError
 from ..routing import Router
+from ..routing.breaker import CONNECT_TIMEOUT
 from ..routing.unit import aborted
-from .retrying import moved_error, retry
+from .retrying import failed_error, retry
 
 T = TypeVar("T")
 #: The shard blocks open in this thread or task, innermost last: (shard, alias).
@@ -40,15 +42,20 @@ _lock = threading.Lock()
 _DSN_KEYS = {"dbname": "NAME", "user": "USER", "password": "PASSWORD", "host": "HOST", "port": "PORT"}
 
 
-def databases(config: Config | None = None, *, default: str | None = None, conn_max_age: int = 60) -> dict[str, dict[str, Any]]:
+def databases(
+    config: Config | None = None, *, default: str | None = None, conn_max_age: int = 60, connect_timeout: int = CONNECT_TIMEOUT
+) -> dict[str, dict[str, Any]]:
     """Django's DATABASES: an alias per database of pgidgen.toml, under the same name, with the DSN applications
     use (app_dsn: through a pooler when one is configured), and "default" (a copy of the database named default,
     else of the first). Persistent connections are fine: a shard block sets search_path for its transaction only.
-    Through a transaction pooler (named, or an app_dsn whose pooler is not: the safe side) no server-side cursors."""
+    Through a transaction pooler (named, or an app_dsn whose pooler is not: the safe side) no server-side cursors.
+    connect_timeout: the Router's, unless the DSN or PGCONNECT_TIMEOUT gives one: a database that is down fails a
+    request within it (then at once: the Router's breaker), not after the system's TCP timeout."""
     config = config or load_config()
     out: dict[str, dict[str, Any]] = {}
     for name in config.databases:
-        params = psycopg.conninfo.conninfo_to_dict(config.app_dsn(name))
+        dsn = config.app_dsn(name)
+        params = {**timeout_for(dsn, connect_timeout), **psycopg.conninfo.conninfo_to_dict(dsn)}
         out[name] = {
             "ENGINE": "django.db.backends.postgresql",
             **{_DSN_KEYS[k]: str(v) for k, v in params.items() if k in _DSN_KEYS},
@@ -85,9 +92,11 @@ def shard_atomic(shard: int, *, read_only: bool = False) -> Iterator[str]:
     """transaction.atomic on the database serving shard (yields its alias), the shard claimed there and its schema
     first on search_path. Raises ShardMovedError (nothing was written) when that database no longer serves the
     shard: a `with` block cannot be run again, run_on_shard can. read_only: claim without the claim lock, in a
-    READ ONLY transaction (nested in a writable one: with the lock)."""
+    READ ONLY transaction (nested in a writable one: with the lock). Raises DatabaseUnavailableError, not retried by
+    run_on_shard, when that database cannot be connected to (at once while the Router's breaker holds it down)."""
     router = get_router()
     alias = router.database_for(shard)
+    router.check_reachable(alias)  # a database found down fails at once (the Router's breaker), not at connect
     # inside any atomic block on the alias (another shard's, or a plain transaction.atomic: ATOMIC_REQUESTS), this
     # block is a savepoint, and the search_path it sets would outlive it in the enclosing transaction
     nested = connections[alias].in_atomic_block
@@ -115,10 +124,10 @@ def shard_atomic(shard: int, *, read_only: bool = False) -> Iterator[str]:
                 with connections[alias].cursor() as cursor:
                     cursor.execute("SELECT pg_catalog.set_config('search_path', %s, true)", [outer])
     except DatabaseError as e:
-        moved = moved_error(router, shard, alias, e)
-        if moved is None:
+        failed = failed_error(router, shard, alias, e)
+        if failed is None:
             raise
-        raise moved from e
+        raise failed from e
 
 
 def _aborted(connection: Any) -> bool:

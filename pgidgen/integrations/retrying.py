@@ -1,14 +1,37 @@
-"""What the ORM integrations share: telling a move from any other error, and running a unit of work again."""
+"""What the ORM integrations share: telling a move from a database that is down and from any other error, and
+running a unit of work again (after a move only)."""
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..errors import ShardMovedError, ShardUnavailableError
+import psycopg
+
+from ..errors import DatabaseUnavailableError, ShardMovedError, ShardUnavailableError
 from ..routing import MOVE_SYMPTOMS, NOT_SERVED, Router
 
 T = TypeVar("T")
+
+
+def _psycopg_error(error: BaseException) -> BaseException | None:
+    """The psycopg error inside an ORM's wrapper of it (its __cause__, or SQLAlchemy's .orig), if any."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, psycopg.Error):
+        cause = cause.__cause__ or getattr(cause, "orig", None)
+    return cause
+
+
+def failed_error(router: Router, shard: int, database: str, error: BaseException) -> ShardMovedError | DatabaseUnavailableError | None:
+    """What to raise instead of error (an ORM's), which ended a unit of work on shard's database: ShardMovedError
+    if a move explains it (moved_error), DatabaseUnavailableError if its connection could not be made or broke
+    and the database does not answer now (the Router's breaker then fails the next calls for it at once); None
+    for the work's own errors."""
+    moved = moved_error(router, shard, database, error)
+    if moved is not None:
+        return moved
+    cause = _psycopg_error(error)
+    return router.connection_lost(database, cause) if cause is not None else None
 
 
 def moved_error(router: Router, shard: int, database: str, error: BaseException) -> ShardMovedError | None:
@@ -38,7 +61,8 @@ def moved_error(router: Router, shard: int, database: str, error: BaseException)
 
 def retry(router: Router, shard: int, attempt: Callable[[], T], *, retry_for: float = 10.0) -> T:
     """attempt() until it does not fail with ShardMovedError or ShardUnavailableError, for up to retry_for seconds.
-    Every failed attempt rolled back, so attempt must only be safe to run again in that sense."""
+    Every failed attempt rolled back, so attempt must only be safe to run again in that sense. A database that is
+    down (DatabaseUnavailableError) is not retried: no move will bring it back."""
     deadline = time.monotonic() + retry_for
     delay = 0.005
     while True:

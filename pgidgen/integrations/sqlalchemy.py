@@ -23,39 +23,43 @@ from sqlalchemy.ext.horizontal_shard import ShardedSession
 from sqlalchemy.orm import Mapper, ORMExecuteState, SessionTransaction
 
 from ..config import Config
+from ..db import timeout_for
 from ..errors import InputError, RoutingError
 from ..idgen import schema_name
 from ..routing import APPLICATION_NAME, Router
+from ..routing.breaker import CONNECT_TIMEOUT
 from ..routing.pools import Policy, policy_for
 from ..routing.unit import aborted
-from .retrying import moved_error, retry
+from .retrying import failed_error, retry
 
 T = TypeVar("T")
 SHARD_OPTION = "pgidgen_shard"
 DATABASE_OPTION = "pgidgen_database"
 
 
-def create_engines(config: Config, **engine_options: Any) -> dict[str, Engine]:
+def create_engines(config: Config, *, connect_timeout: int = CONNECT_TIMEOUT, **engine_options: Any) -> dict[str, Engine]:
     """An engine per database of pgidgen.toml, on the DSN applications use (app_dsn: through a pooler when one is
     configured). Through a transaction pooler (or one the config does not name: the safe side) psycopg prepares
     nothing on the server, as the next transaction may run on another server connection, unless the config says
     the pooler keeps prepared statements per client. What sits in between is decided as the Router does
     (pools.policy_for: the pooler the config names, else one probe, on the engine's first connection), so a
-    connection string that leads to a pooler unannounced is found out too."""
+    connection string that leads to a pooler unannounced is found out too. connect_timeout: as the Router's (the
+    DSN's or PGCONNECT_TIMEOUT's first)."""
     engines = {}
     for name in config.databases:
-        engines[name] = create_engine("postgresql+psycopg://", creator=_connector(config, name), **engine_options)
+        engines[name] = create_engine("postgresql+psycopg://", creator=_connector(config, name, connect_timeout), **engine_options)
     return engines
 
 
-def _connector(config: Config, name: str) -> Callable[[], psycopg.Connection[Any]]:
+def _connector(config: Config, name: str, connect_timeout: int) -> Callable[[], psycopg.Connection[Any]]:
     dsn = config.app_dsn(name)
     policies: list[Policy] = []
 
     def connect() -> psycopg.Connection[Any]:
         if not policies:
-            policies.append(policy_for(config, name, APPLICATION_NAME))
-        return psycopg.connect(dsn) if policies[0].prepare else psycopg.connect(dsn, prepare_threshold=None)
+            policies.append(policy_for(config, name, APPLICATION_NAME, connect_timeout=connect_timeout))
+        extra: dict[str, Any] = {} if policies[0].prepare else {"prepare_threshold": None}
+        return psycopg.connect(dsn, **extra, **timeout_for(dsn, connect_timeout))
 
     return connect
 
@@ -128,6 +132,7 @@ class ShardSession(ShardedSession):
         shard_id = str(shard)
         if shard_id not in self._bound:
             database = self.router.database_for(shard)
+            self.router.check_reachable(database)  # a database found down fails at once (the Router's breaker)
             engine = self.engines.get(database)
             if engine is None:  # engines given, made before a database joined the config
                 raise RoutingError(f"shard {shard} is on database {database}, for which this Sharding has no engine",
@@ -157,10 +162,10 @@ class ShardSession(ShardedSession):
         try:
             connection.exec_driver_sql(claim, (shard, not self.read_only, self.router.search_path_for(shard)))
         except DBAPIError as e:
-            moved = moved_error(self.router, shard, options[DATABASE_OPTION], e)
-            if moved is None:
+            failed = failed_error(self.router, shard, options[DATABASE_OPTION], e)
+            if failed is None:
                 raise
-            raise moved from e
+            raise failed from e
         self._claimed.append((shard, connection))
 
     def _committable(self, session: Any) -> None:
@@ -181,7 +186,8 @@ class Sharding:
 
     def __init__(self, router: Router, engines: dict[str, Engine] | None = None, **engine_options: Any) -> None:
         self.router = router
-        self.engines = engines if engines is not None else create_engines(router.config, **engine_options)
+        self.engines = engines if engines is not None else create_engines(
+            router.config, connect_timeout=router.pools.connect_timeout, **engine_options)
 
     def session(self, shard: int | None = None, *, read_only: bool = False, **options: Any) -> ShardSession:
         """A session whose new objects and unnamed queries go to shard. expire_on_commit is off by default: the
@@ -192,18 +198,19 @@ class Sharding:
     def run(self, shard: int, work: Callable[[ShardSession], T], *, read_only: bool = False, retry_for: float = 10.0) -> T:
         """work(session) in one transaction of a new session on shard, run again on the shard's new database when
         a move refused it (for up to retry_for seconds). work must be safe to run again: every failed attempt
-        rolled back."""
+        rolled back. A database that cannot be connected to raises DatabaseUnavailableError (not retried)."""
 
         def attempt() -> T:
             database = self.router.database_for(shard)
+            self.router.check_reachable(database)
             try:
                 with self.session(shard, read_only=read_only) as session, session.begin():
                     return work(session)
             except DBAPIError as e:
-                moved = moved_error(self.router, shard, database, e)
-                if moved is None:
+                failed = failed_error(self.router, shard, database, e)
+                if failed is None:
                     raise
-                raise moved from e
+                raise failed from e
 
         return retry(self.router, shard, attempt, retry_for=retry_for)
 

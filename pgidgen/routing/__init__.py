@@ -52,7 +52,8 @@ a COMMIT among them. What differs is that the COMMIT leaves with the statement: 
 after it was sent may have committed, and is reported rather than retried.
 
 The package, a part per concern: keys.py (keys and IDs to shards), mapcache.py (the map, its reads, LISTEN and
-polling), pools.py (the connection policy, e.g. behind PgBouncer, and the pools), claiming.py (the pools'
+polling), pools.py (the connection policy, e.g. behind PgBouncer, and the pools), breaker.py (a database that
+cannot be connected to: its calls fail at once, not as a move's are retried), claiming.py (the pools'
 connection class), ending.py (the statements that would end a unit's transaction, refused), unit.py (the
 claimed unit of work and its retries), router.py (the Router that puts them together).
 """

@@ -1,21 +1,24 @@
 """AsyncRouter: the Router for asyncio applications, with the same guarantee and the same parts. Units of work
 run on psycopg's async connections and pools (AsyncClaimingConnection: the claim with the first statement); the
-map cache, its LISTEN threads and its rare re-reads are the sync Router's, run off the event loop."""
+map cache, its LISTEN threads and its rare re-reads are the sync Router's, run off the event loop, and so is its
+breaker (a database down fails its calls at once; the probe that finds it back connects in a thread)."""
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, TypeVar, cast
+from functools import partial
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from ..config import Config, load_config
 from ..db import pg_message
 from ..errors import RoutingError, ShardMovedError, ShardUnavailableError
+from .breaker import no_answer
 from .claiming import AsyncClaimingConnection, async_has_claim_call
 from .mapcache import SERVING, Route, RoutingMap
 from .router import Router
@@ -24,6 +27,22 @@ from .unit import aborted, needs_row, next_try, verdict
 T = TypeVar("T")
 IDLE = TransactionStatus.IDLE
 INERROR = TransactionStatus.INERROR
+
+
+class _AsyncPool(AsyncConnectionPool[AsyncClaimingConnection]):
+    """pools._Pool for asyncio: tells the breaker when a connect of the pool's own got no answer."""
+
+    def __init__(self, *args: Any, lost: Callable[[_AsyncPool, BaseException], None], **kwargs: Any) -> None:
+        self.lost = lost
+        super().__init__(*args, **kwargs)
+
+    async def _connect(self, timeout: float | None = None) -> AsyncClaimingConnection:
+        try:
+            return await super()._connect(timeout)
+        except psycopg.OperationalError as e:
+            if no_answer(e):
+                self.lost(self, e)
+            raise
 
 
 class AsyncRouter:
@@ -42,9 +61,15 @@ class AsyncRouter:
         self.min_size = min_size
         self.max_size = max_size
         self.pool_timeout = self.sync.pools.timeout
+        self._first_wait = min(0.05, self.pool_timeout)  # then in slices, looking at the breaker in between
         self.retry_for = self.units.retry_for
-        self._pools: dict[str, AsyncConnectionPool] = {}
+        self.breaker = self.sync.pools.breaker
+        self.down = self.breaker.down
+        self._pools: dict[str, _AsyncPool] = {}
+        self._dropped: list[_AsyncPool] = []  # pools of databases that went down, to close on the loop
+        self._closing: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
+        self.breaker.on_trip(self._drop)
 
     @classmethod
     def from_config(cls, path: str | None = None, **options: Any) -> AsyncRouter:
@@ -58,8 +83,9 @@ class AsyncRouter:
 
     async def close(self) -> None:
         """Closes the async pools, then the map side (its listeners and pool)."""
-        await asyncio.gather(*(p.close() for p in self._pools.values()))
-        self._pools = {}
+        pools, self._pools = [*self._pools.values(), *self._dropped], {}
+        self._dropped = []
+        await asyncio.gather(*(p.close() for p in pools), *self._closing)
         await asyncio.to_thread(self.sync.close)
 
     # -- routing: the sync Router's, the map read off the event loop when it must be read ---------------
@@ -93,11 +119,13 @@ class AsyncRouter:
     async def _unit(self, shard: int, read_only: bool, with_commit: bool) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """A claimed unit of work; with_commit: one statement whose COMMIT travels with it (execute)."""
         route = await self.route(shard)
+        if route.database in self.down and self.breaker.admit(route.database):  # down: fails at once, but for a probe
+            await asyncio.to_thread(self.breaker.probe, route.database)
         pool = await self._pool(route.database)
         try:
-            conn = cast(AsyncClaimingConnection, await pool.getconn(timeout=self.pool_timeout))
-        except PoolTimeout:
-            raise self.sync.pools._timeout(route.database) from None
+            conn = await pool.getconn(timeout=self._first_wait)
+        except (PoolTimeout, PoolClosed):
+            pool, conn = await self._wait_for_connection(route.database)
         try:
             conn.begin_unit(self.units.claim_for(shard, read_only), with_commit)
             committing = False
@@ -123,7 +151,10 @@ class AsyncRouter:
                     raise
                 if conn.broken and committing:  # the COMMIT left: whether it was applied no one can tell
                     raise
-                if conn.broken:
+                if conn.broken:  # as Router's: a server that is gone fails it, else a new connection
+                    down = await asyncio.to_thread(self.sync.pools.lost, route.database)
+                    if down is not None:
+                        raise down from e
                     raise ShardUnavailableError(
                         f"the connection to database {route.database} broke before the transaction committed: {pg_message(e)}",
                         hint="nothing was written; AsyncRouter.run retries with a new connection",
@@ -178,20 +209,52 @@ class AsyncRouter:
             return True
         return row is not None and row[0] in SERVING
 
-    async def _pool(self, name: str) -> AsyncConnectionPool:
+    async def _wait_for_connection(self, name: str) -> tuple[_AsyncPool, AsyncClaimingConnection]:
+        """No connection at once: wait for one up to pool_timeout, but fail as soon as the database is found down."""
+        deadline = time.monotonic() + self.pool_timeout
+        while True:
+            if name in self.down:
+                raise self.breaker.error(name)
+            pool = await self._pool(name)
+            try:
+                return pool, await pool.getconn(timeout=max(0.001, min(0.05, deadline - time.monotonic())))
+            except PoolTimeout:
+                if time.monotonic() >= deadline:
+                    raise self.sync.pools._timeout(name) from None
+            except PoolClosed:  # dropped meanwhile: the database went down, or the router closed
+                pass
+
+    def _drop(self, name: str) -> None:
+        """The breaker's on_trip (any thread): the pool of a database that went down is made anew when it is back."""
+        pool = self._pools.pop(name, None)
+        if pool is not None:
+            self._dropped.append(pool)
+
+    def _pool_lost(self, name: str, pool: _AsyncPool, e: BaseException) -> None:
+        if self._pools.get(name) is pool:
+            self.breaker.trip(name, e)
+
+    async def _pool(self, name: str) -> _AsyncPool:
         pool = self._pools.get(name)
         if pool is not None:
             return pool
+        while self._dropped:  # closed on the loop, meanwhile: their connections close as they come back
+            task = asyncio.ensure_future(self._dropped.pop().close(timeout=self.sync.pools.connect_timeout + 1.0))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         policy = await asyncio.to_thread(self.sync.pools.policy, name)
         async with self._lock:
             if name not in self._pools:
                 if self.sync.pools._closed:
                     raise RoutingError("this AsyncRouter is closed", hint="create a new one")
-                pool = AsyncConnectionPool(
+                if name in self.down:  # as Pools._open
+                    raise self.breaker.error(name)
+                pool = _AsyncPool(
                     self.config.app_dsn(name), min_size=self.min_size, max_size=self.max_size,
                     kwargs=policy.connect_kwargs(self.sync.pools.application_name), name=f"pgidgen-async-{name}",
                     connection_class=AsyncClaimingConnection, configure=async_has_claim_call, open=False,
+                    lost=partial(self._pool_lost, name),
                 )
-                await pool.open()
                 self._pools[name] = pool
+                await pool.open()
             return self._pools[name]

@@ -14,9 +14,18 @@ import psycopg
 
 from ..catalog import CatalogState, read_state
 from ..config import Config
-from ..db import CONNECT_TIMEOUT, connect, each_database, pg_message, timeout_for
-from ..errors import ConflictError, DatabaseError, InputError, PgidgenError, RoutingError, ShardUnavailableError
+from ..db import connect, each_database, pg_message, timeout_for
+from ..errors import (
+    ConflictError,
+    DatabaseError,
+    DatabaseUnavailableError,
+    InputError,
+    PgidgenError,
+    RoutingError,
+    ShardUnavailableError,
+)
 from ..idgen import schema_name
+from .breaker import CONNECT_TIMEOUT
 from .pools import behind_pooler
 
 SERVING = ("active", "moving")
@@ -50,6 +59,8 @@ class RoutingMap:
     conflicts: dict[int, list[str]] = field(default_factory=dict)  # shard active in several databases
     versions: dict[str, int] = field(default_factory=dict)  # pgidgen.map_version per database at load
     unreachable: dict[str, str] = field(default_factory=dict)
+    #: shards a reachable database is being filled with ('incoming'): a move is switching them over
+    switching: set[int] = field(default_factory=set)
     loaded_at: float = 0.0
     _routes: dict[int, Route] = field(default_factory=dict, repr=False, compare=False)
 
@@ -69,9 +80,16 @@ class RoutingMap:
             )
         owner = self.owners.get(shard)
         if owner is None:
-            down = f"; unreachable: {', '.join(self.unreachable)}" if self.unreachable else ""
+            down = ", ".join(self.unreachable)
+            if down and shard not in self.switching:  # not a move's doing: not worth retrying
+                raise DatabaseUnavailableError(
+                    f"database {down} is unreachable, and no other database serves shard {shard}",
+                    database=next(iter(self.unreachable)),
+                    hint="the shard is most likely there: check that its server is running and accepts connections"
+                    " ('pgidgen map' shows where each shard is)",
+                )
             raise ShardUnavailableError(
-                f"no database serves shard {shard} right now{down}",
+                f"no database serves shard {shard} right now{'; unreachable: ' + down if down else ''}",
                 hint="a move may be switching it over (retry), or see 'pgidgen map'",
             )
         return Route(shard=shard, database=owner[0], schema=schema_name(shard), state=owner[1])
@@ -112,6 +130,8 @@ def build_routes(
         for shard, state in st.shards.items():
             if state in SERVING:
                 claims.setdefault(shard, []).append((name, state))
+            elif state == "incoming":
+                m.switching.add(shard)
     for shard, dbs in claims.items():
         active = [d for d in dbs if d[1] == "active"]
         chosen = active if active else dbs
@@ -196,8 +216,10 @@ class MapCache:
         max_age: float | None,
         application_name: str,
         stats: dict[str, int],
+        connect_timeout: int = CONNECT_TIMEOUT,
     ) -> None:
         self.config = config
+        self.connect_timeout = connect_timeout
         self.pooled = pooled
         self.fresh = fresh
         self.listen = listen
@@ -216,8 +238,18 @@ class MapCache:
     def _heard(self, name: str, hearing: bool) -> None:
         """A listener came up or went down: while any database cannot be heard, poll the map versions."""
         (self._hearing.add if hearing else self._hearing.discard)(name)
-        if self.max_age is None and self.listen:
-            self._age = None if len(self._hearing) == len(self.config.databases) else DEAF_POLL
+        self._set_age()
+
+    def _set_age(self) -> None:
+        """How old the map may get before the versions are polled: max_age; every DEAF_POLL while a database cannot
+        be heard, or was unreachable at the last read (its shards come back when it does, listening or not)."""
+        m = self._map
+        down = m is not None and bool(m.unreachable)
+        if self.max_age is not None:
+            self._age = min(self.max_age, DEAF_POLL) if down else self.max_age
+        else:
+            deaf = self.listen and len(self._hearing) < len(self.config.databases)
+            self._age = DEAF_POLL if deaf or down else None
 
     def close(self) -> None:
         self._closed = True
@@ -260,6 +292,7 @@ class MapCache:
                     self._stale = True
                     raise
                 self._map = m
+                self._set_age()
                 self.stats["map_loads"] += 1
             return m
         finally:
@@ -317,7 +350,7 @@ class MapCache:
             self._listeners.append(t)
             ready.append(ev)
         for ev in ready:
-            ev.wait(timeout=CONNECT_TIMEOUT)
+            ev.wait(timeout=self.connect_timeout + 1)
 
     def _listen_loop(self, name: str, ready: threading.Event) -> None:
         """LISTEN on the database's direct connection (admin_dsn); a transaction pooler would hand the LISTENing
@@ -325,8 +358,9 @@ class MapCache:
         backoff = 0.1
         while not self._stop.is_set():
             try:
+                dsn = self.config.dsn(name)
                 with psycopg.connect(
-                    self.config.dsn(name), autocommit=True, application_name=self.application_name, **timeout_for(self.config.dsn(name))
+                    dsn, autocommit=True, application_name=self.application_name, **timeout_for(dsn, self.connect_timeout)
                 ) as conn:
                     if self.config.poolers.get(name) != "session" and behind_pooler(conn):
                         ready.set()

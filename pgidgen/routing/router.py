@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 import psycopg
 
 from ..config import Config, load_config
-from ..errors import InputError, RoutingError
+from ..errors import DatabaseUnavailableError, InputError, RoutingError
+from .breaker import CONNECT_TIMEOUT, PROBE_EVERY
 from .keys import ShardKey, modulo, shard_of_id
 from .mapcache import MapCache, Route, RoutingMap
 from .pools import Pools
@@ -39,17 +40,27 @@ class Router:
         listen: bool = True,
         max_age: float | None = None,
         application_name: str = APPLICATION_NAME,
+        connect_timeout: int = CONNECT_TIMEOUT,
+        probe_every: float = PROBE_EVERY,
     ) -> None:
         """search_path: schemas after the shard's own (extensions' types and functions; default public).
-        retry_for: how long Router.run keeps retrying a shard that is moving. listen: LISTEN pgidgen_map on
-        every database's direct connection so moves refresh the map at once (where that cannot be done, the map
-        versions are polled every second instead); max_age: poll them that often (seconds) anyway."""
+        retry_for: how long Router.run keeps retrying a shard that a move is switching over (never one whose
+        database is down). listen: LISTEN pgidgen_map on every database's direct connection so moves refresh the
+        map at once (where that cannot be done, the map versions are polled every second instead); max_age: poll
+        them that often (seconds) anyway.
+        connect_timeout: the Router's connections' (whole seconds, at least 2, per address tried), unless the
+        connection string or PGCONNECT_TIMEOUT gives one: how long a call may wait to find a database down. Then
+        the calls for it fail at once with DatabaseUnavailableError, but for one every probe_every seconds, which
+        connects again and, if that works, closes the breaker (pgidgen/routing/breaker.py)."""
         config.select(None)  # no databases configured: say so now
         self.config = config
         self.layout = config.layout
         self.shard_key = shard_key
-        self.stats = {"map_loads": 0, "moved": 0, "retries": 0}
-        self.pools = Pools(config, min_size=min_size, max_size=max_size, timeout=pool_timeout, application_name=application_name)
+        self.stats = {"map_loads": 0, "moved": 0, "retries": 0, "unreachable": 0, "probes": 0}
+        self.pools = Pools(
+            config, min_size=min_size, max_size=max_size, timeout=pool_timeout, application_name=application_name,
+            connect_timeout=connect_timeout, probe_every=probe_every, stats=self.stats,
+        )
         self.maps = MapCache(
             config,
             pooled=self.pools.connection,
@@ -58,6 +69,7 @@ class Router:
             max_age=max_age,
             application_name=application_name,
             stats=self.stats,
+            connect_timeout=connect_timeout,
         )
         self.units = Units(config, self.pools, self.maps, search_path=search_path, retry_for=retry_for, stats=self.stats)
 
@@ -139,7 +151,9 @@ class Router:
 
     def run(self, shard: int, work: Callable[[psycopg.Connection[Any]], T], *, read_only: bool = False) -> T:
         """work(conn) in Router.transaction(shard), run again on the shard's new database when a move flips
-        it (for up to retry_for seconds). work must be safe to run again: every failed attempt rolled back."""
+        it (for up to retry_for seconds). work must be safe to run again: every failed attempt rolled back.
+        Raises DatabaseUnavailableError, without retrying, when the shard's database cannot be connected to
+        (within connect_timeout; at once while its breaker holds it down)."""
         return self.units.run(shard, work, read_only=read_only)
 
     def execute(self, shard: int, query: Any, params: Any = None, *, read_only: bool = False) -> list[Any]:
@@ -170,6 +184,21 @@ class Router:
     def search_path_for(self, shard: int) -> str:
         """The search_path value set for shard's transactions: its schema, then the extra ones (quoted)."""
         return self.units.search_path_for(shard)
+
+    # -- databases that are down ---------------------------------------------------------------------
+
+    def check_reachable(self, database: str) -> None:
+        """For a unit of work on database outside the Router's pools (the ORM integrations'): raises
+        DatabaseUnavailableError at once while its breaker is open, but lets one call every probe_every seconds
+        connect to find out whether it is back. Costs a dict lookup while every database answers."""
+        if database in self.pools.down:
+            self.pools.breaker.let_through(database)
+
+    def connection_lost(self, database: str, error: BaseException) -> DatabaseUnavailableError | None:
+        """After a connection to database could not be made or broke with error (a psycopg error): the
+        DatabaseUnavailableError to raise instead, its breaker opened, when the database does not answer one
+        connect now; None when it does, or error is no lost connection (the error is the work's own)."""
+        return self.pools.lost(database, error)
 
     def _connection(self, name: str) -> AbstractContextManager[psycopg.Connection[Any]]:
         """A pooled connection to a database, outside any unit of work (tests, map reads)."""

@@ -79,7 +79,9 @@ class Units:
         if conn.broken:
             if committing:  # the COMMIT left: whether it was applied no one can tell, so it is not run again
                 return None
-            return ShardUnavailableError(  # dropped by the server or a pooler: nothing was committed
+            # nothing was committed. A server that is gone fails it (and the calls after it, at once: the breaker);
+            # a connection dropped by a restart, a pooler or an idle timeout is tried again on a new one
+            return self.pools.lost(route.database) or ShardUnavailableError(
                 f"the connection to database {route.database} broke before the transaction committed: {pg_message(e)}",
                 hint="nothing was written; Router.run retries with a new connection",
             )
