@@ -172,7 +172,7 @@ def test_time_range_uses_primary_key(config: Config) -> None:
 
 @pytest.mark.parametrize("args, message", [
     (["init", "--shards", "abc"], "Error: Invalid value for '--shards': 'abc' is not a valid integer. (pgidgen init): see 'pgidgen init --help'"),
-    (["move-shard", "-1", "db2"], "Error: No such option '-1'. (pgidgen move-shard): see 'pgidgen move-shard --help'"),
+    (["move-shard", "--frob", "1", "db2"], "Error: No such option '--frob'. (pgidgen move-shard): see 'pgidgen move-shard --help'"),
     (["nosuch"], "Error: No such command 'nosuch'. (pgidgen): see 'pgidgen --help'"),
 ])
 def test_usage_errors_are_one_line_and_exit_1(args: list[str], message: str) -> None:
