@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from ..catalog import CatalogState, read_state
+from ..catalog import CatalogState, no_catalog_hint, read_state, uncatalogued
 from ..config import Config
 from ..db import CONNECT_TIMEOUT, connect, each_database, pg_message, timeout_for
 from ..errors import ConflictError, DatabaseError, InputError, PgidgenError, RoutingError, ShardUnavailableError
@@ -50,6 +50,8 @@ class RoutingMap:
     conflicts: dict[int, list[str]] = field(default_factory=dict)  # shard active in several databases
     versions: dict[str, int] = field(default_factory=dict)  # pgidgen.map_version per database at load
     unreachable: dict[str, str] = field(default_factory=dict)
+    #: databases read that have no pgidgen catalog (named when a shard is served nowhere)
+    uncatalogued: list[str] = field(default_factory=list)
     loaded_at: float = 0.0
     _routes: dict[int, Route] = field(default_factory=dict, repr=False, compare=False)
 
@@ -70,10 +72,11 @@ class RoutingMap:
         owner = self.owners.get(shard)
         if owner is None:
             down = f"; unreachable: {', '.join(self.unreachable)}" if self.unreachable else ""
-            raise ShardUnavailableError(
-                f"no database serves shard {shard} right now{down}",
-                hint="a move may be switching it over (retry), or see 'pgidgen map'",
-            )
+            hint = "a move may be switching it over (retry), or see 'pgidgen map'"
+            if self.uncatalogued and not down:  # a new database, or one whose connection string reaches another
+                down = f"; no pgidgen catalog in {', '.join(self.uncatalogued)}"
+                hint = f"a move may be switching it over (retry); if it lasts, {no_catalog_hint(' or '.join(self.uncatalogued), self.shard_count)}"
+            raise ShardUnavailableError(f"no database serves shard {shard} right now{down}", hint=hint)
         return Route(shard=shard, database=owner[0], schema=schema_name(shard), state=owner[1])
 
 
@@ -106,7 +109,8 @@ def build_routes(
                 f"database {name} holds IDs of a different layout than the config",
                 hint="IDs would decode to the wrong shard: set [layout] to what 'pgidgen init' installed",
             )
-    m = RoutingMap(shard_count=counts.pop(), versions=dict(versions), unreachable=dict(unreachable), loaded_at=time.monotonic())
+    m = RoutingMap(shard_count=counts.pop(), versions=dict(versions), unreachable=dict(unreachable), uncatalogued=uncatalogued(states),
+                   loaded_at=time.monotonic())
     claims: dict[int, list[tuple[str, str]]] = {}
     for name, st in states.items():
         for shard, state in st.shards.items():
