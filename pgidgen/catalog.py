@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,20 @@ class CatalogState:
     @property
     def active(self) -> set[int]:
         return {s for s, st in self.shards.items() if st in ("active", "moving")}
+
+
+def uncatalogued(states: Mapping[str, CatalogState]) -> list[str]:
+    """The databases read that have no pgidgen catalog (nor a foreign schema of that name): new ones a move or init
+    will fill, or ones whose connection string names another database than init used (a database name left out
+    connects to the user's)."""
+    return [name for name, st in states.items() if not st.has_catalog and not st.foreign_catalog]
+
+
+def no_catalog_hint(who: str, shard_count: int | None = None) -> str:
+    """What to do about a database without a catalog while shards are in no database: most likely its connection
+    string reaches another database than the one init used, and init there would make those shards anew, empty."""
+    init = f"pgidgen init --shards {shard_count}" if shard_count is not None else "pgidgen init"
+    return f"check that {who}'s connection string names the database init used; if {who} is new, run '{init}'"
 
 
 #: Which database a connection reached, whatever its config name or connection string (host alias, socket,

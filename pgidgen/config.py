@@ -1,6 +1,7 @@
 """pgidgen.toml: the layout and the physical databases. Secrets come from the environment, never the file."""
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import sys
@@ -177,6 +178,9 @@ def config_from_dict(data: Mapping[str, Any], *, path: Path | None = None) -> Co
             raise ConfigError(f"database {name} must be a connection string", where=where,
                               hint=f'write it as {name} = "postgresql://user@host:5432/dbname" (a password as ${{VAR}}, from the environment)')
         for dsn in (value, app):
+            bad = scheme_error(name, dsn, where=where) if dsn is not None else None
+            if bad is not None:
+                raise bad
             if dsn is not None and password_in(dsn):
                 raise ConfigError(
                     f"the connection string of {name} contains a password",
@@ -232,8 +236,44 @@ def interpolate(value: str, *, name: str, where: str | None) -> str:
         empty = f" (${{{refs[0]}}} is set to an empty string)" if refs else ""
         raise ConfigError(f"database {name} has an empty connection string{empty}", where=where,
                           hint=f"give it the database's connection string, e.g. {name} = \"postgresql://user@host:5432/dbname\"")
+    bad = scheme_error(name, value, where=where) if refs else None  # the file's own text was checked already
+    if bad is not None:
+        raise bad
     redact.register(value)
     return value
+
+
+#: The start of a connection string meant as a URI: a scheme, then ':' or '//' (a keyword string starts key=).
+_SCHEME_RE = re.compile(r"\s*([A-Za-z][A-Za-z0-9+.-]*)(:/*|//+)")
+URI_SCHEMES = ("postgresql", "postgres")
+
+
+def scheme_error(name: str, dsn: str, *, where: str | None = None) -> ConfigError | None:
+    """What is wrong with a connection string libpq cannot read that starts like a URI (a scheme and ':'), or None.
+    libpq takes anything not starting with postgresql:// or postgres:// for key=value pairs, and its complaint
+    (missing "=") quotes the whole string, which the password patterns then take for a password: a typo in the
+    scheme was reported as a password in the file. Only the scheme is quoted, never what follows it."""
+    if redact.parses(_INTERP_RE.sub("PGIDGENREF", dsn)):
+        return None
+    m = _SCHEME_RE.match(dsn)
+    if m is None:
+        return None
+    scheme, sep = m.groups()
+    shown = f"'{scheme}{sep}'"
+    example = f'{name} = "postgresql://user@host:5432/dbname"'
+    if scheme.lower() in URI_SCHEMES:
+        if scheme not in URI_SCHEMES:
+            return ConfigError(f"the connection string of {name} starts with {shown}, a scheme libpq reads only in lower case",
+                               where=where, hint=f"write {scheme.lower()}://, e.g. {example}")
+        if sep.startswith("://"):
+            return None  # the scheme is right: what is wrong is further on (the password checks look there)
+        return ConfigError(f"the connection string of {name} starts with {shown}, not '{scheme}://'", where=where,
+                           hint=f"write {scheme}:// (a colon and two slashes), e.g. {example}")
+    if "/" in sep or scheme.lower() == "jdbc" or difflib.get_close_matches(scheme.lower(), URI_SCHEMES, n=1, cutoff=0.6):
+        return ConfigError(f"the connection string of {name} starts with {shown}, which is no PostgreSQL URI scheme", where=where,
+                           hint=f"begin it with postgresql:// (or postgres://), e.g. {example}")
+    return ConfigError(f"the connection string of {name} is neither a postgresql:// URI nor key=value pairs", where=where,
+                       hint=f"write it as {example}, or as \"host=... port=... dbname=...\"")
 
 
 def password_in(dsn: str) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from .config import describe_dsn
+from .config import describe_dsn, scheme_error
 from .errors import DatabaseError, PgidgenError
 from .redact import scrub
 from .versions import has
@@ -91,6 +91,9 @@ def connect(name: str, dsn: str, *, autocommit: bool = False, **kwargs: Any) -> 
             hint="check that the server is running and the connection string in the config is right",
         ) from None
     except psycopg.ProgrammingError as e:  # libpq quotes what it could not use: scrubbed of the registered passwords
+        bad = scheme_error(name, dsn)  # a Config made in code: a file's strings were checked as it was read
+        if bad is not None:
+            raise DatabaseError(bad.what, hint=bad.hint) from None
         raise DatabaseError(f"database {name} has an invalid connection string: {pg_message(e)}",
                             hint="fix it where it comes from (the config, or the environment variable it names)") from None
     try:

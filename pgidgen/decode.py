@@ -12,6 +12,12 @@ def decode_one(layout: Layout, value: int) -> dict[str, object]:
     return {"id": value, "timestamp": iso_ms(ms), "shard": shard, "sequence": seq}
 
 
+def parse_ids(layout: Layout, texts: Iterable[str]) -> list[int]:
+    """IDs given as arguments, all checked against the layout before any is decoded (so a bad one prints nothing);
+    a malformed one is told the layout's range of IDs."""
+    return [parse_id(text, layout) for text in texts]
+
+
 def decode_lines(layout: Layout, lines: Iterable[str], *, as_json: bool) -> Iterator[str]:
     """One output line per ID; blank input lines are skipped, a malformed one stops with its line number."""
     ts_shift, shard_shift = layout.time_shift, layout.shard_shift
@@ -26,10 +32,10 @@ def decode_lines(layout: Layout, lines: Iterable[str], *, as_json: bool) -> Iter
         if text.isascii() and text.isdigit() and len(text) <= 20:
             value = int(text)
             if value >> 64:
-                raise InputError(f"line {lineno}: {text} is larger than 2^64-1", hint="an ID is a 64-bit number")
+                raise InputError(f"line {lineno}: {text} is larger than 2^64-1", hint=f"an ID of this layout is at most {layout.largest_id}")
         else:
             try:
-                value = parse_id(text)
+                value = parse_id(text, layout)
             except InputError as e:
                 raise InputError(f"line {lineno}: {e.what}", hint=e.hint) from None
         if value >> width:

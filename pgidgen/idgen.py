@@ -58,8 +58,9 @@ def schema_name(shard: int) -> str:
 #: claim Routers CALL; 6: decode, shard_of, id_time and id_sequence refuse (22003) a bigint that is not an ID of
 #: the layout (negative, or wider than its fields) instead of masking it into another ID's fields; 7: pgidgen.claim
 #: remembers a shard it found served until pgidgen.map_version moves, and claim_fence makes a change that takes a
-#: shard out of service take its claim lock (what keeps that true).
-CATALOG_REVISION = 7
+#: shard out of service take its claim lock (what keeps that true); 8: pgidgen.shard_for_key, the Router's
+#: key -> shard rule in SQL.
+CATALOG_REVISION = 8
 #: The installed catalog's revision, as a SQL expression (1 when the comment is missing).
 CATALOG_REVISION_SQL = ("coalesce(substring(obj_description(to_regprocedure('pgidgen.min_id(timestamptz)'), 'pg_proc')"
                         " FROM 'revision ([0-9]+)')::int, 1)")
@@ -73,7 +74,7 @@ def render_catalog(layout: Layout, *, shard_count: int, generator: str = DEFAULT
         f"{literal(generator)}, {literal(__version__)}) ON CONFLICT (singleton) DO NOTHING;\n"
     )
     return static_sql("catalog.sql") + "\n" + row + render(
-        "catalog_functions.sql.j2", L=layout, lock_class=LOCK_CLASS, runs_out=iso_ms(layout.epoch_ms + (1 << layout.time_bits))
+        "catalog_functions.sql.j2", L=layout, shard_count=shard_count, lock_class=LOCK_CLASS, runs_out=iso_ms(layout.epoch_ms + (1 << layout.time_bits))
     ) + f"COMMENT ON FUNCTION pgidgen.min_id(pg_catalog.timestamptz) IS 'pgidgen catalog revision {CATALOG_REVISION}';\n"
 
 

@@ -130,13 +130,18 @@ class Layout:
     def bits(self) -> int:
         return self.time_bits + self.shard_bits + self.sequence_bits
 
+    @property
+    def largest_id(self) -> int:
+        """The largest number that is an ID of this layout (2^bits - 1: 2^63-1 for a generating layout)."""
+        return (1 << self.bits) - 1
+
     def not_an_id(self, what: object) -> InputError:
         """A value with bits above the layout's fields: masking them away would decode it as some other ID."""
         return InputError(
             f"{what} does not fit in this layout's {self.bits} bits ({self.time_bits} time + {self.shard_bits} shard + "
             f"{self.sequence_bits} sequence), so it is not one of its IDs",
-            hint="decode it with the layout that made it ([layout] in the config; decode also takes --epoch, --time-bits,"
-                 " --shard-bits, --sequence-bits, --instagram)",
+            hint=f"its IDs run from 0 to {self.largest_id}; decode it with the layout that made it ([layout] in the config;"
+                 " decode also takes --epoch, --time-bits, --shard-bits, --sequence-bits, --instagram)",
         )
 
     def decode(self, value: int) -> tuple[int, int, int]:
@@ -233,14 +238,26 @@ def _datetime_ms(value: dt.datetime) -> int:
     return delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000
 
 
-def parse_id(text: str) -> int:
-    """An ID as typed: a decimal number from 0 to 2^64-1."""
+def parse_id(text: str, layout: Layout | None = None) -> int:
+    """An ID as typed: a decimal number from 0 to the layout's largest ID. Without a layout (a caller that checks
+    it against one later) up to 2^64-1, and the hint gives both widths a layout can have."""
     s = text.strip()
     if not s.isdigit() or not s.isascii():
-        raise InputError(f"{text.strip()!r} is not an ID", hint="give a whole number from 0 to 18446744073709551615")
+        raise InputError(f"{s!r} is not an ID", hint=f"give a whole number from 0 to {_id_range(layout)}")
     digits = s.lstrip("0") or "0"
     if len(digits) > 20 or int(digits) > U64_MAX:  # (and int() refuses past 4,300 digits)
         shown = s if len(s) <= 40 else f"{s[:20]}...({len(s)} digits)"
-        raise InputError(f"{shown} is larger than 2^64-1", hint="an ID is a 64-bit number")
+        raise InputError(f"{shown} is larger than 2^64-1",
+                         hint="an ID is a 64-bit number" if layout is None else f"an ID of this layout is at most {layout.largest_id}")
     value = int(digits)
+    if layout is not None and value >> layout.bits:
+        raise layout.not_an_id(value)
     return value
+
+
+def _id_range(layout: Layout | None) -> str:
+    """The end of the range parse_id's hint gives: the layout's largest ID, or both widths when no layout is known
+    (a generating layout's IDs stay below the sign bit; a 64-bit one such as Instagram's only decodes)."""
+    if layout is not None:
+        return str(layout.largest_id)
+    return f"{(1 << 63) - 1} (2^63-1; 2^64-1 for a 64-bit layout such as --instagram)"

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .catalog import CatalogState, read_state
-from .config import Config
+from .catalog import CatalogState, no_catalog_hint, read_state, uncatalogued
+from .config import Config, describe_dsn
 from .db import read_each
 from .idgen import schema_name
 from .ranges import collapse
@@ -29,6 +29,12 @@ class ShardMap:
     def ok(self) -> bool:
         return not self.problems and not self.unreachable
 
+    def lost(self) -> list[int]:
+        """Shards no reachable database holds, once the shard count is known and every database answered."""
+        if self.shard_count is None or self.unreachable:
+            return []
+        return sorted(set(range(self.shard_count)) - {s for shards in self.databases.values() for s in shards})
+
     def owner(self) -> dict[int, str]:
         return {s: name for name, shards in self.databases.items() for s in shards}
 
@@ -51,6 +57,8 @@ def read_map(config: Config) -> ShardMap:
     both, unreachable = read_each(config, names, _read_with_sizes, need=())
     states = {n: st for n, (st, _) in both.items()}
     m = build_map(states, unreachable)
+    for name in uncatalogued(states) if m.lost() else ():  # with every shard held, a database without one is a new one
+        m.problems.append(f"no pgidgen catalog in {name} ({describe_dsn(config.dsn(name))}): {no_catalog_hint(name, m.shard_count)}")
     add_sizes(m, {n: sizes for n, (_, sizes) in both.items()})
     installed = {st.layout for st in states.values() if st.layout is not None}
     if len(installed) == 1 and config.layout not in installed:
@@ -136,10 +144,9 @@ def build_map(states: dict[str, CatalogState], unreachable: dict[str, str] | Non
         m.problems.append(f"shard{'s' if len(shards) > 1 else ''} {collapse(shards)} {'are' if len(shards) > 1 else 'is'} active in more than one database: {', '.join(both)}")
     if m.shard_count is None and states and not m.unreachable and not any(st.foreign_catalog for st in states.values()):
         m.problems.append("no database is initialised: run 'pgidgen init --shards N'")
-    if m.shard_count is not None and not m.unreachable:
-        missing = sorted(set(range(m.shard_count)) - set(holders))
-        if missing:
-            m.problems.append(f"shards in no database: {collapse(missing)}")
+    missing = m.lost()
+    if missing:
+        m.problems.append(f"shards in no database: {collapse(missing)}")
     return m
 
 

@@ -289,3 +289,67 @@ def test_a_password_without_its_key_is_in_no_message(tmp_path: Path, monkeypatch
         res = CliRunner().invoke(main, ["--config", str(path), *args])
         assert res.exit_code == 1 and "Traceback" not in res.output, res.output
         assert "PLUGH" not in res.output, res.output
+
+
+@pytest.mark.parametrize("dsn, message", [
+    ("postgressql://app@db2.example:5432/app",
+     "the connection string of db2 starts with 'postgressql://', which is no PostgreSQL URI scheme ({path}): begin it with"
+     ' postgresql:// (or postgres://), e.g. db2 = "postgresql://user@host:5432/dbname"'),
+    ("postgresql:/db2.example:5432/app",
+     "the connection string of db2 starts with 'postgresql:/', not 'postgresql://' ({path}): write postgresql:// (a colon and"
+     ' two slashes), e.g. db2 = "postgresql://user@host:5432/dbname"'),
+    ("postgres//db2.example/app",
+     "the connection string of db2 starts with 'postgres//', not 'postgres://' ({path}): write postgres:// (a colon and two"
+     ' slashes), e.g. db2 = "postgresql://user@host:5432/dbname"'),
+    ("PostgreSQL://db2.example/app",
+     "the connection string of db2 starts with 'PostgreSQL://', a scheme libpq reads only in lower case ({path}): write"
+     ' postgresql://, e.g. db2 = "postgresql://user@host:5432/dbname"'),
+    ("jdbc:postgresql://db2.example/app",
+     "the connection string of db2 starts with 'jdbc:', which is no PostgreSQL URI scheme ({path}): begin it with"
+     ' postgresql:// (or postgres://), e.g. db2 = "postgresql://user@host:5432/dbname"'),
+    ("db2.example:5432/app",
+     "the connection string of db2 is neither a postgresql:// URI nor key=value pairs ({path}): write it as"
+     ' db2 = "postgresql://user@host:5432/dbname", or as "host=... port=... dbname=..."'),
+    # the scheme first: a password in the file is told once the string can be read
+    ("postgressql://app:hunter2@db2.example/app",
+     "the connection string of db2 starts with 'postgressql://', which is no PostgreSQL URI scheme ({path}): begin it with"
+     ' postgresql:// (or postgres://), e.g. db2 = "postgresql://user@host:5432/dbname"'),
+])
+def test_a_typo_in_the_scheme_is_named(tmp_path: Path, dsn: str, message: str) -> None:
+    """`postgressql://...` and `postgresql:/...` were reported as `the connection string of db2 contains a password`
+    (libpq reads them as key=value pairs and quotes them whole; issue 36): the scheme is named, and what to write."""
+    from click.testing import CliRunner
+
+    from pgidgen.cli import main
+
+    path = tmp_path / "pgidgen.toml"
+    path.write_text(f'[databases]\ndb1 = "postgresql://app@db1.example/app"\ndb2 = "{dsn}"\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.render() == message.format(path=path)
+    assert "hunter2" not in e.value.render()
+    res = CliRunner().invoke(main, ["--config", str(path), "map"])
+    assert (res.exit_code, res.output) == (1, f"Error: {message.format(path=path)}\n")
+    # an admin_dsn/app_dsn table is read the same way
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"databases": {"db2": {"admin_dsn": "postgresql://h/app", "app_dsn": dsn}}})
+    assert e.value.what == message.split(" ({path})")[0]
+
+
+def test_a_typo_in_the_scheme_from_the_environment_is_named_when_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ${VAR} holding the whole string: named by the commands that connect to it (decode and --sql need it not);
+    a Config made in code meets it when connecting (libpq's own message quotes the string, a password with it)."""
+    from pgidgen.db import connect
+    from pgidgen.errors import DatabaseError
+
+    monkeypatch.setenv("PGIDGEN_T_DB2", "pgsqll://app:Zq7s3cret@db2.example/app")
+    cfg = config_from_dict({"databases": {"db1": "postgresql://app@db1.example/app", "db2": "${PGIDGEN_T_DB2}"}})
+    assert cfg.dsn("db1") == "postgresql://app@db1.example/app"
+    with pytest.raises(ConfigError) as e:
+        cfg.dsn("db2")
+    assert e.value.render() == ("the connection string of db2 starts with 'pgsqll://', which is no PostgreSQL URI scheme: begin it"
+                                ' with postgresql:// (or postgres://), e.g. db2 = "postgresql://user@host:5432/dbname"')
+    with pytest.raises(DatabaseError) as d:
+        connect("db3", "postgresql:db3.example/app")
+    assert d.value.render() == ("the connection string of db3 starts with 'postgresql:', not 'postgresql://': write postgresql://"
+                                ' (a colon and two slashes), e.g. db3 = "postgresql://user@host:5432/dbname"')

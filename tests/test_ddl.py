@@ -209,7 +209,7 @@ def test_drift_names_what_differs(sharded: Config, config_file: Path, schema_fil
         "DRIFT: shards 3 (db2) differ from the 5 shards like shard 0: missing column photos.caption text; "
         "missing index CREATE INDEX photos_user_id_id_idx ON shard_N.photos USING btree (user_id, id); "
         "extra index CREATE INDEX extra ON shard_N.likes USING btree (user_id)",
-        "DRIFT: db3: shards 4 lack sharded DDL files #1 schema.sql (run pgidgen apply-ddl again to catch them up)",
+        "DRIFT: shard 4 on db3 is behind: missing schema.sql (#1); run 'pgidgen apply-ddl schema.sql' again to catch it up",
     ]
     as_json = json.loads(cli(config_file, "status", "--drift", "--json").output)
     assert as_json["drift"]["fingerprints"] == 2 and as_json["drift"]["ok"] is False
@@ -254,7 +254,8 @@ def test_every_database_must_be_reachable(sharded: Config, tmp_path: Path, schem
     assert res.exit_code == 1
     assert res.output.startswith("Error: cannot connect to database db4 (127.0.0.1:1/x): ")
     assert res.output.endswith(
-        ": apply-ddl reads every configured database (the order of DDL files is global): bring it back, or remove it from the config\n"
+        ": nothing was applied: apply-ddl needs every configured database (the order of DDL files is global); start db4 or fix its"
+        " connection string, and run it again (the ledger keeps what each shard has)\n"
     )
     assert tables(sharded, "db1", 0) == []
 
@@ -305,7 +306,10 @@ def test_databases_option_and_json(sharded: Config, config_file: Path, schema_fi
     ]
     assert tables(sharded, "db1", 0) == [] and tables(sharded, "db2", 2) == ["likes", "photos"]
     res = cli(config_file, "status", "--drift")
-    assert "DRIFT: db1: shards 0-1 lack sharded DDL files #1 schema.sql (run pgidgen apply-ddl again to catch them up)" in res.output
+    assert [line for line in res.output.splitlines() if line.startswith("DRIFT")] == [  # db2's 2 shards are not the odd ones
+        "DRIFT: shards 0-1 on db1 are behind: missing schema.sql (#1); run 'pgidgen apply-ddl schema.sql' again to catch them up",
+        "DRIFT: shards 4-5 on db3 are behind: missing schema.sql (#1); run 'pgidgen apply-ddl schema.sql' again to catch them up",
+    ], res.output
     assert cli(config_file, "apply-ddl", str(schema_file)).exit_code == 0
     assert tables(sharded, "db1", 0) == ["likes", "photos"]
 
@@ -548,3 +552,36 @@ def test_drift_sees_persistence_identity_kind_and_partition_keys(sharded: Config
          "DROP TABLE shard_3.ev; CREATE TABLE shard_3.ev (id bigint, at int) PARTITION BY RANGE (at)"),
     ]
     drifts_and_back(sharded, config_file, changes)
+
+
+def test_a_database_down_is_waited_for_and_a_partial_apply_is_named_behind(config: Config, tmp_path: Path, schema_file: Path) -> None:
+    """With db1 down apply-ddl advised removing it from the config; doing so applied the file to db2's shards only,
+    and `status --drift` then described db2's up-to-date shards as the odd ones (issue 36): the error says to bring
+    db1 back and run again, and drift names db1's shards behind by the ledger, whichever side has more shards."""
+    init(config, 4, ["db1", "db2"])  # 0-1 on db1, 2-3 on db2 (two servers)
+    both = {"db1": config.dsn("db1"), "db2": config.dsn("db2")}
+    full, down, without = tmp_path / "full.toml", tmp_path / "down.toml", tmp_path / "without.toml"
+    write_config(full, config.layout, both)
+    write_config(down, config.layout, {**both, "db1": "postgresql://nobody@127.0.0.1:1/x"})
+    write_config(without, config.layout, {"db2": both["db2"]})
+    assert cli(full, "apply-ddl", str(schema_file)).exit_code == 0  # #1 everywhere
+    photos = tmp_path / "more.sql"
+    photos.write_text("CREATE TABLE tags (id bigint PRIMARY KEY DEFAULT next_id(), tag text NOT NULL);\n")
+    res = cli(down, "apply-ddl", str(photos))
+    assert res.exit_code == 1
+    assert res.output.startswith("Error: cannot connect to database db1 (127.0.0.1:1/x): ")
+    assert res.output.endswith(
+        ": nothing was applied: apply-ddl needs every configured database (the order of DDL files is global); start db1 or fix its"
+        " connection string, and run it again (the ledger keeps what each shard has)\n"
+    ), res.output
+    assert "remove" not in res.output and tables(config, "db2", 2) == ["likes", "photos"]
+    assert cli(without, "apply-ddl", str(photos)).exit_code == 0  # taken out of the config all the same: #2 on db2 only
+    res = cli(full, "status", "--drift")
+    assert res.exit_code == 1
+    assert [line for line in res.output.splitlines() if line.startswith("DRIFT")] == [
+        "DRIFT: shards 0-1 on db1 are behind: missing more.sql (#2); run 'pgidgen apply-ddl more.sql' again to catch them up",
+    ], res.output
+    res = cli(full, "apply-ddl", str(photos))
+    assert res.exit_code == 0 and res.output.splitlines()[0] == "db1: applied more.sql (#2) to 2 shards (0-1)", res.output
+    assert cli(full, "status", "--drift").exit_code == 0
+    assert tables(config, "db1", 0) == ["likes", "photos", "tags"]

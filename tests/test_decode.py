@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from pgidgen.cli import main
 from pgidgen.config import Config
+from pgidgen.errors import InputError
 from pgidgen.init import init
 from pgidgen.layout import Layout, iso_ms
 
@@ -49,10 +50,10 @@ def test_decode_stdin() -> None:
 @pytest.mark.parametrize(
     "arg, message",
     [
-        ("abc", "Error: 'abc' is not an ID: give a whole number from 0 to 18446744073709551615\n"),
-        ("-1", "Error: '-1' is not an ID: give a whole number from 0 to 18446744073709551615\n"),
+        ("abc", "Error: 'abc' is not an ID: give a whole number from 0 to 9223372036854775807 (2^63-1; 2^64-1 for a 64-bit layout such as --instagram)\n"),
+        ("-1", "Error: '-1' is not an ID: give a whole number from 0 to 9223372036854775807 (2^63-1; 2^64-1 for a 64-bit layout such as --instagram)\n"),
         ("18446744073709551616", "Error: 18446744073709551616 is larger than 2^64-1: an ID is a 64-bit number\n"),
-        ("1.5", "Error: '1.5' is not an ID: give a whole number from 0 to 18446744073709551615\n"),
+        ("1.5", "Error: '1.5' is not an ID: give a whole number from 0 to 9223372036854775807 (2^63-1; 2^64-1 for a 64-bit layout such as --instagram)\n"),
     ],
 )
 def test_decode_bad_ids(arg: str, message: str) -> None:
@@ -64,10 +65,10 @@ def test_decode_bad_stdin_line() -> None:
     r = decode_cli(input="1\nxyz\n")
     assert r.stdout.startswith("1\t2026-01-01T00:00:00.000Z\tshard 0\tsequence 1")
     assert r.exit_code == 1
-    assert r.stderr == "Error: line 2: 'xyz' is not an ID: give a whole number from 0 to 18446744073709551615\n"
+    assert r.stderr == "Error: line 2: 'xyz' is not an ID: give a whole number from 0 to 9223372036854775807\n"
     for digits in ("\u00b2", "\u0663"):  # superscript two, Arabic-Indic three: digits to str.isdigit, not IDs
         r = decode_cli(input=f"1\n{digits}\n")
-        assert (r.exit_code, r.stderr) == (1, f"Error: line 2: {digits!r} is not an ID: give a whole number from 0 to 18446744073709551615\n")
+        assert (r.exit_code, r.stderr) == (1, f"Error: line 2: {digits!r} is not an ID: give a whole number from 0 to 9223372036854775807\n")
 
 
 def test_instagram_ids_decode_unsigned() -> None:
@@ -184,11 +185,11 @@ def test_usage_errors_are_one_line_and_exit_1(args: list[str], message: str) -> 
 def test_decode_huge_and_negative_numbers_are_one_line_errors() -> None:
     """Past 4,300 digits int() raised (a traceback); '-1' without '--' was taken for an option (found by a review)."""
     huge = "1" * 4301
-    for r in (decode_cli(huge), decode_cli(input=huge + "\n")):
+    for r, hint in ((decode_cli(huge), "an ID is a 64-bit number"), (decode_cli(input=huge + "\n"), "an ID of this layout is at most 9223372036854775807")):
         assert r.exit_code == 1 and r.stdout == "" and "Traceback" not in r.stderr
-        assert "11111111111111111111...(4301 digits) is larger than 2^64-1: an ID is a 64-bit number" in r.stderr, r.stderr
+        assert f"11111111111111111111...(4301 digits) is larger than 2^64-1: {hint}" in r.stderr, r.stderr
     r = decode_cli("-1")
-    assert (r.exit_code, r.stderr) == (1, "Error: '-1' is not an ID: give a whole number from 0 to 18446744073709551615\n")
+    assert (r.exit_code, r.stderr) == (1, "Error: '-1' is not an ID: give a whole number from 0 to 9223372036854775807 (2^63-1; 2^64-1 for a 64-bit layout such as --instagram)\n")
     r = decode_cli("000000000000000000000000000042")  # leading zeros are still the number
     assert r.exit_code == 0 and "shard 0\tsequence 42" in r.stdout
 
@@ -197,7 +198,7 @@ def test_ids_wider_than_the_layout_are_refused() -> None:
     """The default layout's IDs have 63 bits: 2^63 decoded as the epoch, shard 0, sequence 0 (the same as ID 0),
     and 2^64-1 as a plausible time in 2060, shard 8191 (found by a review). Arguments: refused before anything is
     printed; stdin: refused at its line. A 64-bit layout (--instagram) still reads them."""
-    wide = "Error: {} does not fit in this layout's 63 bits (40 time + 13 shard + 10 sequence), so it is not one of its IDs: decode it with the layout that made it ([layout] in the config; decode also takes --epoch, --time-bits, --shard-bits, --sequence-bits, --instagram)\n"
+    wide = "Error: {} does not fit in this layout's 63 bits (40 time + 13 shard + 10 sequence), so it is not one of its IDs: its IDs run from 0 to 9223372036854775807; decode it with the layout that made it ([layout] in the config; decode also takes --epoch, --time-bits, --shard-bits, --sequence-bits, --instagram)\n"
     for value in (1 << 63, (1 << 64) - 1):
         r = decode_cli("1", str(value))
         assert (r.exit_code, r.stdout, r.stderr) == (1, "", wide.format(value))
@@ -208,6 +209,35 @@ def test_ids_wider_than_the_layout_are_refused() -> None:
     assert r.exit_code == 1 and "does not fit in this layout's 56 bits (40 time + 8 shard + 8 sequence)" in r.stderr, r.stderr
     r = decode_cli(str((1 << 63) - 1))  # the last ID of the layout
     assert r.exit_code == 0 and "shard 8191\tsequence 1023" in r.stdout
+
+
+def test_a_malformed_id_is_told_the_layouts_range() -> None:
+    """decode hinted "a whole number from 0 to 18446744073709551615" and then refused 2^64-1: the default layout has
+    63 bits (found by a newcomer, issue 36). With the layout known the hint gives its own range, and 2^64-1 gets the
+    refusal that names the layout's bits; an Instagram (64-bit) layout takes up to 2^64-1."""
+    from pgidgen.decode import parse_ids
+
+    L = Layout.make()
+    for text in ("abc", "-1", "1.5", ""):
+        with pytest.raises(InputError) as e:
+            parse_ids(L, ["1", text])
+        assert e.value.render() == f"{text!r} is not an ID: give a whole number from 0 to 9223372036854775807"
+    with pytest.raises(InputError) as e:
+        parse_ids(L, [str(2**64 - 1)])
+    assert e.value.render().startswith("18446744073709551615 does not fit in this layout's 63 bits (40 time + 13 shard + 10 sequence),"
+                                       " so it is not one of its IDs: its IDs run from 0 to 9223372036854775807; ")
+    assert parse_ids(L, [str(2**63 - 1), " 7 "]) == [2**63 - 1, 7]
+    narrow = Layout.make(shard_bits=8, sequence_bits=8, time_bits=40)
+    with pytest.raises(InputError, match=r"^'x' is not an ID: give a whole number from 0 to 72057594037927935$"):
+        parse_ids(narrow, ["x"])
+    instagram = Layout(epoch_ms=1314220021721, time_bits=41, shard_bits=13, sequence_bits=10)
+    assert parse_ids(instagram, [str(2**64 - 1)]) == [2**64 - 1]
+    with pytest.raises(InputError, match=r"^'x' is not an ID: give a whole number from 0 to 18446744073709551615$"):
+        parse_ids(instagram, ["x"])
+    with pytest.raises(InputError, match=r"^99999999999999999999999 is larger than 2\^64-1: an ID of this layout is at most 9223372036854775807$"):
+        parse_ids(L, ["99999999999999999999999"])
+    r = decode_cli(input="1\nabc\n")  # stdin: the config's layout (here the default) is known
+    assert r.stderr == "Error: line 2: 'abc' is not an ID: give a whole number from 0 to 9223372036854775807\n"
 
 
 @pytest.mark.parametrize("args", [["decode", "123"], ["--help"], ["layout"]])

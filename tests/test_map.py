@@ -8,7 +8,7 @@ import psycopg
 from click.testing import CliRunner
 
 from pgidgen.cli import main
-from pgidgen.config import Config
+from pgidgen.config import Config, describe_dsn
 from pgidgen.init import init
 from pgidgen.shardmap import read_map
 
@@ -57,6 +57,10 @@ def test_map_flags_inconsistencies(config: Config, config_file: Path) -> None:
         "db2: shard 2 is in the catalog but schema shard_2 is missing",
         "shard 2 is active in more than one database: db1, db2",
         "shards in no database: 9",
+        # with a shard in no database, the database without a catalog may be where it was (its connection string
+        # naming another database than init used): named, with the database it reached
+        f"no pgidgen catalog in db3 ({describe_dsn(config.dsn('db3'))}): check that db3's connection string names the database"
+        " init used; if db3 is new, run 'pgidgen init --shards 10'",
     ]
     r = run_map(config_file)
     assert r.exit_code == 1

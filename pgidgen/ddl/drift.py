@@ -7,7 +7,6 @@ report can say *what* differs: "missing column photos.caption", "extra index ...
 """
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -232,6 +231,43 @@ def _describe(conn: psycopg.Connection[Any], shards: Sequence[int]) -> dict[int,
     return out
 
 
+def _differences(conns: dict[str, psycopg.Connection[Any]], drift: Drift, where: dict[int, str], by_fp: dict[str, list[int]],
+                 behind: dict[int, tuple[int, ...]]) -> list[str]:
+    """What sets apart the shards whose fingerprint is not the reference's. The reference is what the shards the
+    ledger has up to date look like (the most of them, by majority only when none is): after an apply that missed a
+    database, its shards are behind (said by the ledger's lines), and the applied ones are not the odd ones out
+    however many the others are. A shard behind in the ledger is compared once it has caught up."""
+    judged = {fp: [s for s in shards if s not in behind] for fp, shards in by_fp.items()}
+    if not any(judged.values()):  # no ledger, or every shard lacks some file: by majority
+        judged = by_fp
+    reference = max((fp for fp, shards in judged.items() if shards), key=lambda fp: (len(judged[fp]), -min(judged[fp])))
+    odd = {fp: shards for fp, shards in judged.items() if shards and fp != reference}
+    if not odd:
+        return []
+    reps = {fp: min(shards) for fp, shards in odd.items()}
+    reps[reference] = min(judged[reference])
+    wanted: dict[str, list[int]] = {}
+    for s in reps.values():
+        wanted.setdefault(where[s], []).append(s)
+    described: dict[int, set[str]] = {}
+    for name, shards in wanted.items():
+        try:
+            described.update(_describe(conns[name], shards))
+        except psycopg.Error as e:
+            drift.unreachable[name] = translate(name, e, doing="describing shards").render()
+    base = described.get(reps[reference], set())
+    out: list[str] = []
+    for fp, shards in sorted(odd.items(), key=lambda kv: min(kv[1])):
+        items = described.get(reps[fp], set())
+        diffs = [f"missing {i}" for i in sorted(base - items)] + [f"extra {i}" for i in sorted(items - base)]
+        dbs = sorted({where[s] for s in shards})
+        out.append(
+            f"shards {collapse(shards)} ({', '.join(dbs)}) differ from the {len(by_fp[reference])} shards like shard {reps[reference]}: "
+            + ("; ".join(diffs[:8]) + (f"; and {len(diffs) - 8} more" if len(diffs) > 8 else "") if diffs else "details differ")
+        )
+    return out
+
+
 def read_drift(config: Config) -> Drift:
     """Compare every shard in every configured database (one fingerprint query per database)."""
     names = config.select(None)
@@ -258,47 +294,27 @@ def read_drift(config: Config) -> Drift:
                 by_fp.setdefault(fp, []).append(s)
         drift.shards = len(where)
         drift.fingerprints = len(by_fp)
-        if len(by_fp) > 1:
-            counts = Counter({fp: len(v) for fp, v in by_fp.items()})
-            majority = max(by_fp, key=lambda fp: (counts[fp], -min(by_fp[fp])))
-            reps = {fp: min(v) for fp, v in by_fp.items()}
-            wanted: dict[str, list[int]] = {}
-            for s in reps.values():
-                wanted.setdefault(where[s], []).append(s)
-            described: dict[int, set[str]] = {}
-            for name, shards in wanted.items():
-                try:
-                    described.update(_describe(conns[name], shards))
-                except psycopg.Error as e:
-                    drift.unreachable[name] = translate(name, e, doing="describing shards").render()
-            base = described.get(reps[majority], set())
-            for fp, shards in sorted(by_fp.items(), key=lambda kv: min(kv[1])):
-                if fp == majority:
-                    continue
-                items = described.get(reps[fp], set())
-                diffs = [f"missing {i}" for i in sorted(base - items)] + [f"extra {i}" for i in sorted(items - base)]
-                dbs = sorted({where[s] for s in shards})
-                drift.problems.append(
-                    f"shards {collapse(shards)} ({', '.join(dbs)}) differ from the {counts[majority]} shards like shard {reps[majority]}: "
-                    + ("; ".join(diffs[:8]) + (f"; and {len(diffs) - 8} more" if len(diffs) > 8 else "") if diffs else "details differ")
-                )
         try:
             history = merge_history({n: d.ledger for n, d in per_db.items()})
         except PgidgenError as e:
             drift.problems.append(e.render())
             history = {}
-        if history:
-            for name, d in per_db.items():
-                behind: dict[tuple[int, ...], list[int]] = {}
-                for s in d.fingerprints:
-                    missing = missing_positions(history, d.ledger.shards.get(s, ()))
-                    if missing:
-                        behind.setdefault(tuple(missing), []).append(s)
-                for lacking, shards in behind.items():
-                    files = ", ".join(f"#{p} {history[p].name}" for p in lacking)
-                    drift.problems.append(
-                        f"{name}: shards {collapse(shards)} lack sharded DDL files {files} (run pgidgen apply-ddl again to catch them up)"
-                    )
+        behind = {s: tuple(lacking) for d in per_db.values() for s in d.fingerprints
+                  if (lacking := missing_positions(history, d.ledger.shards.get(s, ())))}
+        if len(by_fp) > 1:
+            drift.problems += _differences(conns, drift, where, by_fp, behind)
+        for name, d in per_db.items():
+            lacking_of: dict[tuple[int, ...], list[int]] = {}
+            for s in sorted(d.fingerprints):
+                if s in behind:
+                    lacking_of.setdefault(behind[s], []).append(s)
+            for files, shards in lacking_of.items():
+                many = len(shards) > 1
+                drift.problems.append(
+                    f"shard{'s' if many else ''} {collapse(shards)} on {name} {'are' if many else 'is'} behind: missing"
+                    f" {', '.join(f'{history[p].name} (#{p})' for p in files)}; run 'pgidgen apply-ddl"
+                    f" {history[max(history)].name}' again to catch {'them' if many else 'it'} up"
+                )
         return drift
     finally:
         for conn in conns.values():

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from ..catalog import CatalogState, read_state
+from ..catalog import CatalogState, no_catalog_hint, read_state, uncatalogued
 from ..config import Config
 from ..db import connect, each_database, pg_message, timeout_for
 from ..errors import (
@@ -61,6 +61,8 @@ class RoutingMap:
     unreachable: dict[str, str] = field(default_factory=dict)
     #: shards a reachable database is being filled with ('incoming'): a move is switching them over
     switching: set[int] = field(default_factory=set)
+    #: databases read that have no pgidgen catalog (named when a shard is served nowhere)
+    uncatalogued: list[str] = field(default_factory=list)
     loaded_at: float = 0.0
     _routes: dict[int, Route] = field(default_factory=dict, repr=False, compare=False)
 
@@ -88,10 +90,12 @@ class RoutingMap:
                     hint="the shard is most likely there: check that its server is running and accepts connections"
                     " ('pgidgen map' shows where each shard is)",
                 )
-            raise ShardUnavailableError(
-                f"no database serves shard {shard} right now{'; unreachable: ' + down if down else ''}",
-                hint="a move may be switching it over (retry), or see 'pgidgen map'",
-            )
+            why = f"; unreachable: {down}" if down else ""
+            hint = "a move may be switching it over (retry), or see 'pgidgen map'"
+            if self.uncatalogued and not down:  # a new database, or one whose connection string reaches another
+                why = f"; no pgidgen catalog in {', '.join(self.uncatalogued)}"
+                hint = f"a move may be switching it over (retry); if it lasts, {no_catalog_hint(' or '.join(self.uncatalogued), self.shard_count)}"
+            raise ShardUnavailableError(f"no database serves shard {shard} right now{why}", hint=hint)
         return Route(shard=shard, database=owner[0], schema=schema_name(shard), state=owner[1])
 
 
@@ -124,7 +128,8 @@ def build_routes(
                 f"database {name} holds IDs of a different layout than the config",
                 hint="IDs would decode to the wrong shard: set [layout] to what 'pgidgen init' installed",
             )
-    m = RoutingMap(shard_count=counts.pop(), versions=dict(versions), unreachable=dict(unreachable), loaded_at=time.monotonic())
+    m = RoutingMap(shard_count=counts.pop(), versions=dict(versions), unreachable=dict(unreachable), uncatalogued=uncatalogued(states),
+                   loaded_at=time.monotonic())
     claims: dict[int, list[tuple[str, str]]] = {}
     for name, st in states.items():
         for shard, state in st.shards.items():
