@@ -86,7 +86,7 @@ def decode_cmd(
     instagram: bool,
 ) -> None:
     """Decode IDs (arguments, or one per line on stdin) into time, shard and sequence."""
-    from ..decode import decode_lines
+    from ..decode import decode_lines, parse_ids
 
     layout = get_config(ctx, required=False).layout
     if instagram:
@@ -103,9 +103,7 @@ def decode_cmd(
             time_bits=time_bits,
             for_generation=False,
         )
-    for text in ids:  # arguments are checked up front, so a bad one prints nothing
-        if parse_id(text) >> layout.bits:
-            raise layout.not_an_id(parse_id(text))
+    parse_ids(layout, ids)  # arguments are checked up front, so a bad one prints nothing
     source = ids if ids else _stdin_lines()
     batch: list[str] = []
     try:
@@ -138,7 +136,8 @@ def locate_cmd(ctx: click.Context, key_args: tuple[str, ...], keys: tuple[int, .
 
     if not (keys or ids or shards):
         raise click.UsageError("give at least one --key, --id or --shard")
-    found = locate(get_config(ctx), keys=keys, ids=[parse_id(i) for i in ids], shards=shards)
+    config = get_config(ctx)
+    found = locate(config, keys=keys, ids=[parse_id(i, config.layout) for i in ids], shards=shards)
     for item in found:
         if as_json:
             click.echo(json.dumps(item))
