@@ -57,7 +57,7 @@ def test_every_error_message_is_documented() -> None:
 def test_the_scan_finds_messages_as_the_code_writes_them() -> None:
     keys = set(unique(scan()))
     assert "ConfigError: TARGET_DB is missing" in keys  # a literal
-    assert "InputError: --max-pause must be more than 0, not {}" in keys  # an f-string
+    assert "InputError: {} must be more than 0, not {}" in keys  # an f-string
     assert "ConfigError: --sql needs --shards N" in keys
     assert any(k.startswith("MoveError: ") for k in keys)  # a subclass defined outside errors.py
     assert any(k.startswith("Refused: ") for k in keys)  # apply-ddl's refusals

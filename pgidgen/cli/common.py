@@ -100,8 +100,8 @@ def print_sql(per_database: dict[str, str]) -> None:
 MAX_PAUSE_S = (2**31 - 1) // 1000
 
 
-def parse_duration(text: str) -> float:
-    """Seconds from '1s', '500ms', '2.5' (seconds)."""
+def parse_duration(text: str, option: str = "--max-pause") -> float:
+    """Seconds from '1s', '500ms', '2.5' (seconds), for option (a lock_timeout: whole ms, at most 2^31-1)."""
     t = text.strip().lower()
     try:
         if t.endswith("ms"):
@@ -113,11 +113,11 @@ def parse_duration(text: str) -> float:
     except ValueError:
         raise InputError(f"{text!r} is not a duration", hint="write it like 1s, 500ms or 2.5") from None
     if not value > 0:
-        raise InputError(f"--max-pause must be more than 0, not {text!r}")
+        raise InputError(f"{option} must be more than 0, not {text!r}")
     if value < 0.001:  # journaled, and given to lock_timeout, in whole ms (a journaled 0 reads as 'not given')
-        raise InputError(f"--max-pause must be at least 1ms, not {text!r}", hint="write it like 1s or 500ms")
+        raise InputError(f"{option} must be at least 1ms, not {text!r}", hint="write it like 1s or 500ms")
     if value > MAX_PAUSE_S:  # infinity too: the pause is a lock_timeout, at most 2^31 - 1 ms
-        raise InputError(f"--max-pause must be at most {MAX_PAUSE_S}s, not {text!r}", hint="write it like 1s or 500ms")
+        raise InputError(f"{option} must be at most {MAX_PAUSE_S}s, not {text!r}", hint="write it like 1s or 500ms")
     return value
 
 

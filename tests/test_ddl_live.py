@@ -1,0 +1,105 @@
+"""apply-ddl on live shards: its locks are taken under a short lock_timeout and retried, so an application query
+never queues behind it for long, and the session it waited on is named (issue 32, item 1)."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from click.testing import CliRunner, Result
+
+from pgidgen.cli import main
+from pgidgen.config import Config
+from pgidgen.init import init
+
+
+def cli(config_file: Path, *args: str) -> Result:
+    return CliRunner().invoke(main, ["--config", str(config_file), *args])
+
+
+@pytest.fixture
+def live(config: Config, config_file: Path, tmp_path: Path) -> Config:
+    """Shards 0-1 on db1 with a table t holding rows, and the file that changes it."""
+    init(config, 4, ["db1", "db2"])
+    (tmp_path / "t.sql").write_text("CREATE TABLE t (id bigint PRIMARY KEY DEFAULT next_id(), v int);\n")
+    assert cli(config_file, "apply-ddl", str(tmp_path / "t.sql")).exit_code == 0
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:
+        conn.execute("INSERT INTO shard_0.t (v) SELECT generate_series(1, 50); INSERT INTO shard_1.t (v) SELECT generate_series(1, 50)")
+    (tmp_path / "note.sql").write_text("ALTER TABLE t ADD COLUMN note text;\n")
+    return config
+
+
+@pytest.fixture
+def report(live: Config) -> Iterator[psycopg.Connection[tuple[int]]]:
+    """A long report's open transaction on shard 1's table."""
+    conn = psycopg.connect(live.dsn("db1"), application_name="monthly report")
+    conn.execute("SELECT count(*) FROM shard_1.t")
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+class App(threading.Thread):
+    """Reads shard 0 (done before shard 1 in apply-ddl's transaction) again and again: its longest wait."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__()
+        self.dsn, self.stop, self.longest = dsn, threading.Event(), 0.0
+
+    def run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stop.is_set():
+                t0 = time.monotonic()
+                conn.execute("SELECT count(*) FROM shard_0.t")
+                self.longest = max(self.longest, time.monotonic() - t0)
+                time.sleep(0.01)
+
+
+def columns(config: Config) -> dict[str, int]:
+    out = {}
+    for name in ("db1", "db2"):
+        with psycopg.connect(config.dsn(name)) as conn:
+            out[name] = conn.execute("SELECT count(*) FROM pg_attribute WHERE attname = 'note' AND attrelid::regclass::text LIKE 'shard_%.t'").fetchone()[0]
+    return out
+
+
+def test_apply_ddl_waits_for_a_long_transaction_without_queueing_the_application(
+    live: Config, config_file: Path, tmp_path: Path, report: psycopg.Connection[tuple[int]]
+) -> None:
+    app = App(live.dsn("db1"))
+    app.start()
+    threading.Timer(2.0, report.rollback).start()  # the report ends after 2 s
+    try:
+        res = cli(config_file, "apply-ddl", str(tmp_path / "note.sql"), "--lock-timeout", "100ms")
+    finally:
+        app.stop.set()
+        app.join()
+    assert res.exit_code == 0, res.output
+    assert f"db1: shard_1 waits for a lock held by pid {report.info.backend_pid} (monthly report), transaction open" in res.stderr, res.stderr
+    assert "SELECT count(*) FROM shard_1.t; rolled back, trying again" in res.stderr
+    assert res.stdout.splitlines()[:2] == ["db1: applied note.sql (#2) to 2 shards (0-1)", "db2: applied note.sql (#2) to 2 shards (2-3)"]
+    assert columns(live) == {"db1": 2, "db2": 2}
+    # behind a plain ALTER the reader would have waited the report's 2 s; here one try's lock_timeout and its rollback
+    assert app.longest < 0.1 + 1.0, f"the application waited {app.longest:.2f} s"
+
+
+def test_apply_ddl_gives_up_at_its_deadline_naming_the_session(
+    live: Config, config_file: Path, tmp_path: Path, report: psycopg.Connection[tuple[int]]
+) -> None:
+    res = cli(config_file, "apply-ddl", str(tmp_path / "note.sql"), "--lock-timeout", "100ms", "--lock-wait", "1s")
+    assert res.exit_code == 1, res.output
+    last = next(line for line in res.stdout.splitlines() if line.startswith("db1: "))
+    assert res.output.strip().splitlines()[-1] == "Error: 1 of 3 databases failed (db1); the others are as reported above"
+    assert last.startswith(f"db1: failed, rolled back: gave up after 1 s waiting for a lock held by pid {report.info.backend_pid}"
+                           " (monthly report), transaction open "), last
+    assert last.endswith(": SELECT count(*) FROM shard_1.t (db1, shard 1): end or wait for that transaction (pg_terminate_backend(pid)"
+                         " ends it), then run again (nothing was applied there)"), last
+    assert columns(live) == {"db1": 0, "db2": 0}  # all or nothing: db2 was rolled back too
+    report.rollback()
+    again = cli(config_file, "apply-ddl", str(tmp_path / "note.sql"))
+    assert again.exit_code == 0, again.output
+    assert columns(live) == {"db1": 2, "db2": 2}
