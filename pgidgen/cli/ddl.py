@@ -37,7 +37,7 @@ def apply_ddl_cmd(
     shards: int | None,
     as_json: bool,
 ) -> None:
-    """Apply a DDL file written once, unqualified, to every shard; record it in the ledger."""
+    """Apply a DDL file written once, unqualified (or a schema dump, --from-schema), to every shard; record it in the ledger."""
     from ..ddl.apply import apply_ddl, offline_plan, read_file, render_apply
 
     config = get_config(ctx)

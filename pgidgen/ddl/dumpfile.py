@@ -29,7 +29,7 @@ from pglast.stream import RawStream
 from pglast.visitors import Visitor
 
 from ..errors import InputError
-from .names import literal_schema, names
+from .names import Refused, literal_schema, names
 from .positions import _kind, _skip_space, line_col
 from .rewrite import FileScope, ShardedFile, Statement, choose_placeholder, parse_sql_file, sha256, statement_at
 
@@ -248,9 +248,9 @@ class _Reading:
         line, col = line_col(self.source, start)
         return Statement(number, line, col, _kind(self.source, start), sql_text)
 
-    def refuse(self, number: int, raw: ast.RawStmt, what: str, hint: str) -> InputError:
+    def refused(self, number: int, raw: ast.RawStmt, r: Refused) -> InputError:
         st = self.as_is(number, raw, "")
-        return InputError(f"statement {number} ({st.kind}) cannot be sharded: {what}", where=f"{self.name}:{st.line}:{st.column}", hint=hint)
+        return InputError(f"statement {number} ({st.kind}) cannot be sharded: {r.what}", where=f"{self.name}:{st.line}:{st.column}", hint=r.hint)
 
 
 def _setting(s: Any) -> tuple[str, str] | None:
@@ -356,7 +356,10 @@ def parse_dump(source: str, name: str, schema: str, *, owner: str | None = None)
         r.left_out["psql \\restrict lines (pg_dump's guard for psql)"] += restricts
     statements: list[Statement] = []
     for number, raw in enumerate(raws, 1):
-        st = _one(r, number, raw, placeholder, scope, renamer)
+        try:
+            st = _one(r, number, raw, placeholder, scope, renamer)
+        except Refused as e:
+            raise r.refused(number, raw, e) from None
         if st is not None:
             statements.append(st)
     if owner is not None and not r.owner_seen:
@@ -376,7 +379,7 @@ def _one(r: _Reading, number: int, raw: ast.RawStmt, placeholder: str, scope: Fi
     if handled:
         return kept
     if isinstance(s, (ast.InsertStmt, ast.CopyStmt)) or (isinstance(s, ast.SelectStmt) and s.targetList):
-        raise r.refuse(number, raw, "it writes data", "give a schema-only dump (pg_dump --schema-only)")
+        raise Refused("it writes data", "give a schema-only dump (pg_dump --schema-only)")
     renamer(s)
     if _pgidgen_own(s, placeholder):
         r.left_out["pgidgen's own objects (init makes next_id() and its sequences in every shard)"] += 1
@@ -446,9 +449,9 @@ def _session(r: _Reading, number: int, raw: ast.RawStmt, key: str, value: str) -
     statements make, left out otherwise."""
     s = raw.stmt
     if key == "client_encoding" and value.replace("-", "").replace("_", "").lower() not in ("utf8", "unicode"):
-        raise r.refuse(number, raw, f"the dump is in encoding {value}", "pgidgen reads UTF-8: dump with pg_dump --encoding=UTF8")
+        raise Refused(f"the dump is in encoding {value}", "pgidgen reads UTF-8: dump with pg_dump --encoding=UTF8")
     if key == "standard_conforming_strings" and _off(value) == "false":
-        raise r.refuse(number, raw, "the dump writes strings with standard_conforming_strings off",
+        raise Refused("the dump writes strings with standard_conforming_strings off",
                        "dump with a pg_dump of PostgreSQL 9.1 or newer (they write on)")
     if key in _KEPT_SETTINGS and isinstance(s, ast.VariableSetStmt) and s.args and _off(value) != _KEPT_SETTINGS[key]:
         r.turned[f"SET {key} into SET LOCAL while the shard's statements run"] += 1
