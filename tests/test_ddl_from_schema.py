@@ -25,6 +25,7 @@ from psycopg import sql
 from pgidgen import pgbin
 from pgidgen.cli import main
 from pgidgen.config import Config, write_config
+from pgidgen.ddl.apply import read_file
 from pgidgen.ddl.drift import FINGERPRINT_SQL, read_drift, schema_items
 from pgidgen.ddl.dumpfile import parse_dump
 from pgidgen.errors import InputError
@@ -194,7 +195,7 @@ def test_a_shard_dumped_and_fed_back_is_the_same_shard(dumps: Dumps, pg_servers:
     assert cli(config_file, "init", "--shards", "4").exit_code == 0
     assert cli(config_file, "apply-ddl", "--from-schema", "public", str(dumps.plain)).exit_code == 0
     shard = tmp_path / "shard_0.sql"
-    shard.write_text(dump(dumps.pg_dump, config.databases["db1"], "--schema=shard_0"))
+    shard.write_text(dump(dumps.pg_dump, config.databases["db1"], "--schema=shard_0", "--clean", "--if-exists"))  # drops first
     made = [fresh_database(s) for s in pg_servers]
     try:
         fleet = {f"db{i + 1}": next(m) for i, m in enumerate(made)}
@@ -206,6 +207,7 @@ def test_a_shard_dumped_and_fed_back_is_the_same_shard(dumps: Dumps, pg_servers:
         r = cli(second, "apply-ddl", "--from-schema", "shard_0", str(shard))
         assert r.exit_code == 0, r.output
         assert "pgidgen's own objects (init makes next_id() and its sequences in every shard)" in r.output, r.output
+        assert "DROP and ALTER ... DROP of pg_dump --clean (the shards start without them: nothing to drop)" in r.output
         before = {s: fp for s, fp in rows(config.databases["db1"], FINGERPRINT_SQL)}
         after = {s: fp for d in fleet.values() for s, fp in rows(d, FINGERPRINT_SQL)}
         assert set(after.values()) == {before[0]}, (before, after)
@@ -296,3 +298,12 @@ def test_what_a_dump_cannot_bring(text: str, error: str) -> None:
     with pytest.raises(InputError) as e:
         parse_dump(text, "d.sql", "public")
     assert e.value.render() == error
+
+
+def test_an_archive_is_not_sql(tmp_path: Path) -> None:
+    archive = tmp_path / "app.dump"
+    archive.write_bytes(b"PGDMP\x01\x10\x00\x04\x08\x01\x01\x01\xff")
+    with pytest.raises(InputError) as e:
+        read_file(archive, from_schema="public")
+    assert e.value.render() == (f"file {archive} is a pg_dump archive (custom or tar format), not SQL: give it as SQL:"
+                                f" pg_restore --schema-only --file structure.sql {archive} (or pg_dump --format=plain)")

@@ -13,8 +13,10 @@ one database's schema with every name qualified: pg_dump empties the search_path
   shard's schema; OWNER TO into --owner's role when given;
 - left out, and said why: the session's settings, the search_path reset, OWNER TO (without --owner), what
   belongs to SCHEMA itself (CREATE SCHEMA, its owner and comment), the extensions' comments, psql's `\\restrict`
-  lines, pgidgen's own objects (in a dump of a shard), and Rails' schema_migrations rows: recorded once, in the
-  ledger's copy of the file, not in every shard.
+  lines, pg_dump --clean's drops, large objects, pgidgen's own objects (in a dump of a shard), and Rails'
+  schema_migrations rows: recorded once, in the ledger's copy of the file, not in every shard.
+A dump of pg_dump before 10.3 leaves names unqualified after `SET search_path = public, pg_catalog`: that SET is
+turned into the shard's search_path, and the unqualified names go into the shard as in any sharded file.
 Whatever else cannot live in a shard is refused before anything runs, with file:line, as in any sharded file.
 """
 from __future__ import annotations
@@ -31,12 +33,14 @@ from pglast.visitors import Visitor
 from ..errors import InputError
 from .names import Refused, literal_schema, names
 from .positions import _kind, _skip_space, line_col
-from .rewrite import FileScope, ShardedFile, Statement, choose_placeholder, parse_sql_file, sha256, statement_at
+from .rewrite import FileScope, ShardedFile, Statement, choose_placeholder, collect_scope, parse_sql_file, path_values, sha256, statement_at
 
 #: What init makes in every shard; a dump of a shard holds them, and leaves them out.
 PGIDGEN_OWN = {"next_id", "pgidgen_locked_next_id", "pgidgen_counter", "pgidgen_offset"}
 #: Settings that change what the statements make: kept, as SET LOCAL for the shard's statements, unless default.
 _KEPT_SETTINGS = {"check_function_bodies": "true", "default_tablespace": "", "default_table_access_method": "heap"}
+_RAILS = "INSERT INTO schema_migrations"
+_SEARCH_PATH = "SET search_path naming the schema into SET LOCAL search_path naming the shard"
 _KINDS = ("rel", "type", "func", "op", "opclass", "coll", "ts", "stat")
 _REG = {"regclass": ("rel",), "regtype": ("type", "rel"), "regproc": ("func",), "regprocedure": ("func",), "regoper": ("op",),
         "regoperator": ("op",), "regconfig": ("ts",), "regdictionary": ("ts",), "regcollation": ("coll",)}
@@ -240,8 +244,10 @@ class _Reading:
         self.turned: Counter[str] = Counter()
         self.left_out: Counter[str] = Counter()
         self.owner_seen = 0
+        self.versions = 0
         self.settings: dict[str, int] = {}
         self.extensions: list[tuple[str, str]] = []
+        self.own_path: Any = None
 
     def as_is(self, number: int, raw: ast.RawStmt, sql_text: str) -> Statement:
         start = _skip_space(self.source, raw.stmt_location or 0)
@@ -335,7 +341,8 @@ def parse_dump(source: str, name: str, schema: str, *, owner: str | None = None)
     raws = parse_sql_file(text, name)
     placeholder = choose_placeholder(source, raws)
     made = created_names(raws, schema)
-    if not any(made.values()):
+    unqualified = any(isinstance(raw.stmt, ast.CreateStmt) and raw.stmt.relation is not None and not raw.stmt.relation.schemaname for raw in raws)
+    if not any(made.values()) and not unqualified:  # (pg_dump before 10.3 left names unqualified: they are the shard's)
         elsewhere = sorted({str(raw.stmt.relation.schemaname) for raw in raws if isinstance(raw.stmt, ast.CreateStmt)
                             and raw.stmt.relation is not None and raw.stmt.relation.schemaname})
         raise InputError(f"{name} creates nothing in schema {schema}" + (f" (its tables are in {', '.join(elsewhere)})" if elsewhere else ""),
@@ -350,8 +357,11 @@ def parse_dump(source: str, name: str, schema: str, *, owner: str | None = None)
             out += [placeholder, schema] if v == schema and schema in ext_schemas else [placeholder] if v == schema else [v]
         return out
 
-    scope = FileScope(path_tail=tuple(ext_schemas), own_path=own_path, rename=renamer, rename_text=body_renamer(schema, placeholder, made))
+    scope = collect_scope(raws)  # names a dump leaves unqualified (pg_dump before 10.3 did) go into the shard as in any file
+    scope.path_tail, scope.own_path, scope.rename = tuple(ext_schemas), own_path, renamer
+    scope.rename_text = body_renamer(schema, placeholder, made)
     r = _Reading(text, name, schema, owner)
+    r.own_path = own_path
     if restricts:
         r.left_out["psql \\restrict lines (pg_dump's guard for psql)"] += restricts
     statements: list[Statement] = []
@@ -365,6 +375,11 @@ def parse_dump(source: str, name: str, schema: str, *, owner: str | None = None)
     if owner is not None and not r.owner_seen:
         raise InputError(f"--owner {owner}: {name} has no OWNER TO statements to turn (dumped with --no-owner, as Rails does)",
                          hint="leave --owner out (the shards' objects then belong to the role pgidgen runs as), or dump with owners")
+    while statements and statements[-1].template.startswith("SET LOCAL search_path"):  # Rails' last line: nothing follows
+        statements.pop()
+        r.turned[_SEARCH_PATH] -= 1
+        r.left_out[f"search_path settings (names resolve in the shard: {schema}'s own become the shard's)"] += 1
+    r.turned = +r.turned
     for setting, number in r.settings.items():  # settings kept as SET LOCAL hold for this file's statements only
         statements.append(Statement(number, statements[-1].line, 1, "RESET", f"RESET {setting}"))
     return ShardedFile(name=name, source=source, sha256=sha256(source), placeholder=placeholder, statements=tuple(statements),
@@ -415,7 +430,8 @@ def _around(r: _Reading, number: int, raw: ast.RawStmt, scope: FileScope) -> tup
         return True, _session(r, number, raw, *setting)
     versions = _rails_versions(s, schema)
     if versions is not None:
-        r.left_out[f"INSERT INTO schema_migrations ({versions} versions: Rails' record, kept once in the ledger's copy of the file, not in every shard)"] += 1
+        r.versions += versions
+        r.left_out[_RAILS] += 1
         return True, None
     if isinstance(s, ast.CreateExtensionStmt):
         s.if_not_exists = True
@@ -423,6 +439,9 @@ def _around(r: _Reading, number: int, raw: ast.RawStmt, scope: FileScope) -> tup
         r.extensions.append((str(s.extname), sql_text + ";"))
         r.turned["CREATE EXTENSION (checked in every database before anything runs; created where missing)"] += 1
         return True, r.as_is(number, raw, sql_text)
+    if _clean_drop(s):
+        r.left_out["DROP and ALTER ... DROP of pg_dump --clean (the shards start without them: nothing to drop)"] += 1
+        return True, None
     if _large_object(s):
         r.left_out["large objects (the database's, not a schema's)"] += 1
         return True, None
@@ -458,8 +477,16 @@ def _session(r: _Reading, number: int, raw: ast.RawStmt, key: str, value: str) -
         r.settings.setdefault(key, number)
         s.is_local = True
         return r.as_is(number, raw, RawStream()(s))
+    if key == "search_path" and isinstance(s, ast.VariableSetStmt) and r.own_path is not None and r.schema in path_values(s):
+        # pg_dump before 10.3 wrote names unqualified after `SET search_path = public, pg_catalog`: in the shard they
+        # resolve through the shard, then what else the dump's path held (its extensions' operator classes)
+        values = [v for v in r.own_path(path_values(s)) if v != "$user"]
+        s.args = tuple(ast.A_Const(isnull=False, val=ast.String(sval=v)) for v in values + ([] if "pg_temp" in values else ["pg_temp"]))
+        s.is_local = True
+        r.turned[_SEARCH_PATH] += 1
+        return r.as_is(number, raw, RawStream()(s))
     if key == "search_path":
-        r.left_out[f"search_path settings (every name is qualified: {r.schema}'s own become the shard's)"] += 1
+        r.left_out[f"search_path settings (names resolve in the shard: {r.schema}'s own become the shard's)"] += 1
     elif key in ("session_authorization", "role"):
         r.left_out["SET ROLE / SESSION AUTHORIZATION (objects belong to the role pgidgen runs as)"] += 1
     else:
@@ -478,6 +505,18 @@ def _about_schema(s: Any) -> str | None:
     if isinstance(s, ast.GrantStmt) and s.objtype == ObjectType.OBJECT_SCHEMA and s.objects and len(s.objects) == 1:
         return getattr(s.objects[0], "sval", None)
     return None
+
+
+def _clean_drop(s: Any) -> bool:
+    """What pg_dump --clean writes ahead of the schema to drop it first; nothing else in a dump removes anything."""
+    if isinstance(s, ast.DropStmt):
+        return True
+    if isinstance(s, ast.AlterDomainStmt):
+        return s.subtype == "X"
+    if isinstance(s, ast.AlterTableStmt) and s.cmds:
+        return all(c.subtype in (AlterTableType.AT_DropConstraint, AlterTableType.AT_DetachPartition)
+                   or (c.subtype == AlterTableType.AT_ColumnDefault and c.def_ is None) for c in s.cmds)
+    return False
 
 
 def _large_object(s: Any) -> bool:
@@ -511,5 +550,8 @@ def _summary(r: _Reading, schema: str) -> list[str]:
 
     order = list(_ONE)
     taken = sorted(r.taken.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0]))
+    if _RAILS in r.left_out:
+        r.left_out[f"{_RAILS} ({r.versions} version{'s' if r.versions != 1 else ''}: Rails' record, kept once in the ledger's copy of the file,"
+                   " not in every shard)"] = r.left_out.pop(_RAILS)
     return [f"from schema {schema}, taken for every shard: " + ", ".join(f"{n} {_ONE.get(what, what) if n == 1 else what}" for what, n in taken)] + \
         ([f"turned: {join(r.turned)}"] if r.turned else []) + ([f"left out: {join(r.left_out)}"] if r.left_out else [])

@@ -240,7 +240,7 @@ def collect_scope(stmts: Iterable[ast.RawStmt]) -> FileScope:
     return scope
 
 
-def _path_values(stmt: ast.VariableSetStmt) -> list[str]:
+def path_values(stmt: ast.VariableSetStmt) -> list[str]:
     out: list[str] = []
     for arg in stmt.args or ():
         if isinstance(arg, ast.A_Const) and isinstance(arg.val, ast.String):
@@ -257,7 +257,7 @@ def _pin_search_path(stmt: ast.CreateFunctionStmt, placeholder: str, scope: File
                     "the function sets its own search_path",
                     "remove the SET search_path: pgidgen pins every shard function to its shard, pg_catalog, pg_temp",
                 )
-            values = scope.own_path(_path_values(opt.arg))
+            values = scope.own_path(path_values(opt.arg))
             opt.arg.args = tuple(ast.A_Const(isnull=False, val=ast.String(sval=v)) for v in values)
             options[i] = opt
             return
