@@ -307,3 +307,16 @@ def test_an_archive_is_not_sql(tmp_path: Path) -> None:
         read_file(archive, from_schema="public")
     assert e.value.render() == (f"file {archive} is a pg_dump archive (custom or tar format), not SQL: give it as SQL:"
                                 f" pg_restore --schema-only --file structure.sql {archive} (or pg_dump --format=plain)")
+
+
+def test_extensions_in_a_schema_of_their_own() -> None:
+    """Heroku-style: the dump makes a schema for its extensions; it is made ahead of them, in the check too, and
+    the shard's functions reach it after pg_catalog."""
+    f = parse_dump("SELECT pg_catalog.set_config('search_path', '', false);\nCREATE SCHEMA heroku_ext;\n"
+                   "CREATE EXTENSION IF NOT EXISTS citext WITH SCHEMA heroku_ext;\n"
+                   "CREATE TABLE public.users (id bigint NOT NULL, email heroku_ext.citext);\n"
+                   "CREATE FUNCTION public.norm(t text) RETURNS text LANGUAGE sql AS $$ SELECT lower(t)::citext::text $$;\n", "d.sql", "public")
+    assert f.extensions == (("citext", "CREATE SCHEMA IF NOT EXISTS heroku_ext; CREATE EXTENSION IF NOT EXISTS citext WITH SCHEMA heroku_ext;"),)
+    sql = f.for_shard(7)
+    assert "CREATE TABLE shard_7.users (id bigint NOT NULL, email heroku_ext.citext);" in sql
+    assert "SET search_path TO 'shard_7', 'pg_catalog', 'heroku_ext', 'pg_temp'" in sql

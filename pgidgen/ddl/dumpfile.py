@@ -248,6 +248,7 @@ class _Reading:
         self.settings: dict[str, int] = {}
         self.extensions: list[tuple[str, str]] = []
         self.own_path: Any = None
+        self.schemas_made: dict[str, str] = {}
 
     def as_is(self, number: int, raw: ast.RawStmt, sql_text: str) -> Statement:
         start = _skip_space(self.source, raw.stmt_location or 0)
@@ -436,7 +437,8 @@ def _around(r: _Reading, number: int, raw: ast.RawStmt, scope: FileScope) -> tup
     if isinstance(s, ast.CreateExtensionStmt):
         s.if_not_exists = True
         sql_text = RawStream()(s)
-        r.extensions.append((str(s.extname), sql_text + ";"))
+        home = next((getattr(o.arg, "sval", None) for o in s.options or () if o.defname == "schema"), None)
+        r.extensions.append((str(s.extname), r.schemas_made.get(str(home), "") + sql_text + ";"))
         r.turned["CREATE EXTENSION (checked in every database before anything runs; created where missing)"] += 1
         return True, r.as_is(number, raw, sql_text)
     if _clean_drop(s):
@@ -455,9 +457,10 @@ def _around(r: _Reading, number: int, raw: ast.RawStmt, scope: FileScope) -> tup
     elif about is not None and about in scope.path_tail and isinstance(s, ast.CreateSchemaStmt):
         s.if_not_exists = True
         r.turned["CREATE SCHEMA of an extension into IF NOT EXISTS"] += 1
+        r.schemas_made[about] = RawStream()(s) + "; "  # ahead of its extensions, when they are checked
         return True, r.as_is(number, raw, RawStream()(s))
     elif about is not None and about in scope.path_tail:
-        r.left_out["an extension schema's owner, comment and grants (the database's)"] += 1
+        r.left_out["owner, comment and grants of the extensions' schemas (the database's)"] += 1
     else:
         return False, None
     return True, None
