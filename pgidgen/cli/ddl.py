@@ -15,6 +15,9 @@ from .common import Bar, get_config, interactive, parse_duration, print_sql, rep
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--databases", metavar="NAMES", help="Comma-separated databases whose shards get the file (default: all).")
 @click.option("--name", help="Name the ledger records the file under (default: the file's base name).")
+@click.option("--from-schema", "from_schema", metavar="SCHEMA",
+              help="FILE is a schema dump (pg_dump --schema-only, Rails' structure.sql) whose objects live in SCHEMA: they become every shard's.")
+@click.option("--owner", metavar="ROLE", help="With --from-schema: the dump's OWNER TO name ROLE (default: left out; objects belong to the role pgidgen runs as).")
 @click.option("--reapply-changed", is_flag=True, help="Run a file whose content changed since it was applied again, on every shard.")
 @click.option("--commit-every", type=int, metavar="N", help="Commit every N shards (default: all at once when the server's lock table holds them, else chunks it sizes; re-runs resume).")
 @click.option("--sql", "sql_only", is_flag=True, help="Print the SQL per database without connecting (needs --shards).")
@@ -30,6 +33,8 @@ def apply_ddl_cmd(
     file: str,
     databases: str | None,
     name: str | None,
+    from_schema: str | None,
+    owner: str | None,
     reapply_changed: bool,
     commit_every: int | None,
     sql_only: bool,
@@ -38,20 +43,24 @@ def apply_ddl_cmd(
     lock_wait: str,
     as_json: bool,
 ) -> None:
-    """Apply a DDL file written once, unqualified, to every shard; record it in the ledger."""
+    """Apply a DDL file written once, unqualified (or a schema dump, --from-schema), to every shard; record it in the ledger."""
     from ..ddl.apply import apply_ddl, offline_plan, read_file, render_apply
     from ..lockwait import LockPolicy
 
     config = get_config(ctx)
     policy = LockPolicy(lock_timeout=parse_duration(lock_timeout, "--lock-timeout"), wait=parse_duration(_minutes(lock_wait), "--lock-wait"))
-    parsed = read_file(file, name)
+    parsed = read_file(file, name, from_schema=from_schema, owner=owner)
     if shards is not None and not sql_only:
         raise ConfigError("--shards is only used with --sql", hint="apply-ddl applies to the shards the databases hold")
     if sql_only:
         if shards is None:
             raise ConfigError("--sql needs --shards N", hint="--sql does not connect, so it renders for shards spread as init --shards N spreads them")
+        for line in parsed.summary:
+            click.echo(f"-- {line}")
         print_sql(render_apply(offline_plan(config, parsed, shards, config.select(databases), commit_every=commit_every)))
         return
+    for line in parsed.summary:
+        click.echo(line, err=as_json)
     bar = Bar(interactive(as_json), f"applying {parsed.name}")
     try:
         result = apply_ddl(

@@ -1,6 +1,9 @@
 """Sharded DDL: a schema file written once, unqualified, deployed to every shard, recorded in a ledger.
 
 - `rewrite.py`: parsing with pglast and rewriting a file into a per-shard template (no database involved);
+  `names.py`: what a name in a statement may be, by kind; `printfix.py`: pglast's printer where it is wrong;
+- `dumpfile.py`: `apply-ddl --from-schema`, a schema dump (pg_dump, Rails' structure.sql) read into the same
+  template: what it takes, turns into what, and leaves out; `extensions.py`: its extensions checked first;
 - `ledger.py`: the ledger in each database's catalog, and replaying it for new shards;
 - `apply.py`: `pgidgen apply-ddl` (plan, render, execute);
 - `locks.py`: how many shards one apply-ddl transaction takes, from the server's lock table;
