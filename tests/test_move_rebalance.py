@@ -99,9 +99,9 @@ def test_rebalance_around_a_move_in_progress_and_a_retired_copy(config: Config, 
     assert res.exit_code == 0, res.output
     assert no_bytes(res.output) == [
         "db1: 4 shards -> 3 shards (0-1,3)", "db2: 4 shards -> 3 shards (4-5,7)", "db3: 0 shards -> 2 shards (2,6)",
-        "move shard 2: db1 -> db3", "move shard 6: db2 -> db3",
-        "in 2 batches (one replication stream and one write pause each), at most 2 at a time:",
-        "  db1 -> db3: 1 shard (2)", "  db2 -> db3: 1 shard (6)",
+        "db1 -> db3: 1 shard, 1 batch (estimated write pause up to N ms), about N s",
+        "db2 -> db3: 1 shard, 1 batch (estimated write pause up to N ms), about N s",
+        "in 2 batches (one replication stream and one write pause each), at most 2 at a time: about N s ('--verbose' lists every move and batch)",
         "shard 3 is in the middle of a move: left on db1 (finish it with 'pgidgen move-shard 3 --resume' or '--rollback')",
     ]
     res = runner.invoke(main, ["--config", str(config_file), "rebalance", "--by", "count"])
@@ -135,7 +135,11 @@ def test_rebalance_dry_run_shows_the_batches_a_run_then_moves(config: Config, co
     ten shards of two tables fill half of --max-pause 1s), shown in text and JSON; the run moves those batches."""
     setup_on_one(config, 36)
     runner = CliRunner()
-    res = runner.invoke(main, ["--config", str(config_file), "rebalance", "--by", "count", "--dry-run"])
+    summary = runner.invoke(main, ["--config", str(config_file), "rebalance", "--by", "count", "--dry-run"])
+    assert summary.exit_code == 0, summary.output
+    assert sorted(ln for ln in no_bytes(summary.output) if " -> " in ln and ": 12 shards" in ln) == [
+        f"db1 -> {t}: 12 shards, 2 batches (estimated write pause up to N ms), about N s" for t in ("db2", "db3")], summary.output
+    res = runner.invoke(main, ["--config", str(config_file), "rebalance", "--by", "count", "--dry-run", "--verbose"])
     assert res.exit_code == 0, res.output
     data = json.loads(runner.invoke(main, ["--config", str(config_file), "rebalance", "--by", "count", "--dry-run", "--json"]).output)
     assert leftovers(config.databases) == [] and journal_statuses(config.databases) == {}  # the dry runs changed nothing
@@ -150,7 +154,7 @@ def test_rebalance_dry_run_shows_the_batches_a_run_then_moves(config: Config, co
     assert all({pair[s] for s in shards} == {(src, tgt)} for src, tgt, shards in batches)
     assert sorted(len(s) for _, _, s in batches) == [2, 2, 10, 10], batches  # each pair in two batches
     lines = res.output.splitlines()
-    at = lines.index("in 4 batches (one replication stream and one write pause each), at most 2 at a time:")
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("in 4 batches (one replication stream and one write pause each), at most 2 at a time: about "))
     shown = [re.fullmatch(r"  (\w+) -> (\w+): (\d+) shards?, [0-9.]+ (?:bytes|kB|MB) \(([0-9,-]+)\), estimated write pause \d+ ms", ln)
              for ln in lines[at + 1:at + 5]]
     assert all(shown), lines[at + 1:at + 5]

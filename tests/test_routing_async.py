@@ -10,7 +10,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_routing import count, hand_move  # noqa: F401 - fixture
+from test_routing import count, hand_move
+from test_routing import sharded as sharded_8  # noqa: F401 - a fixture, taken by name as a parameter
 from test_routing_pooler import app_config, bouncer_root, sharded  # noqa: F401 - fixture
 
 from pgidgen import pgbouncer

@@ -13,8 +13,8 @@ import time
 
 CHILD = textwrap.dedent("""
     import signal, subprocess, sys, threading, time
+    signal.signal(signal.SIGINT, lambda *a: None)  # pgidgen's main thread takes the Ctrl-C (before the import: slow on a loaded machine)
     from pgidgen.move.transfer import _spawn
-    signal.signal(signal.SIGINT, lambda *a: None)  # pgidgen's main thread takes the Ctrl-C
     procs = []
     def spawner():
         end = time.monotonic() + 3
