@@ -446,12 +446,41 @@ def check_outside_dependents(ctx: ShardContext, src: psycopg.Connection[Any]) ->
 def check_external_references(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any]) -> None:
     """What the shard's objects use outside its schema (a table its foreign key references, a type, a function)
     exists on the target too: otherwise the copy fails halfway, with the source's replication slot in place."""
-    missing = _missing_references(src, tgt, q.EXTERNAL_REFERENCES_SQL, {"schema": ctx.schema})
-    if missing:
-        raise MoveError(
-            f"{ctx.schema} uses {describe_dependents(missing)} from outside the shard, missing on {ctx.target}",
-            hint=f"create {'them' if len(missing) > 1 else 'it'} on {ctx.target} first (CREATE EXTENSION, if an extension provides {'them' if len(missing) > 1 else 'it'}), then move",
-        )
+    _refuse_missing([ctx], _missing_references(src, tgt, q.EXTERNAL_REFERENCES_SQL, {"schema": ctx.schema}), tgt)
+
+
+def _refuse_missing(ctxs: list[ShardContext], missing: list[tuple[str, str | None, str | None]], tgt: psycopg.Connection[Any]) -> None:
+    """The refusal for what the target lacks: the extensions that provide it, when the target has not got them,
+    with the statements that install them; else the objects themselves."""
+    if not missing:
+        return
+    ctx = ctxs[0]
+    exts = {ext: schema for _, ext, schema in missing if ext is not None}
+    there = {str(r[0]): str(r[1]) for r in tgt.execute("SELECT e.extname, n.nspname FROM pg_catalog.pg_extension e"
+                                                      " JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = ANY(%s)", (list(exts),))}
+    absent = set(exts) - set(there)
+    elsewhere = sorted(e for e in exts if e in there and there[e] != exts[e])
+    quoted = dict(tgt.execute("SELECT x, pg_catalog.quote_ident(x) FROM pg_catalog.unnest(%s::text[]) x", ([*exts, *exts.values()],)).fetchall())
+    if not absent and elsewhere:
+        e = elsewhere[0]
+        raise MoveError(f"{ctx.schema if len(ctxs) == 1 else _what(ctxs)} use{'s' if len(ctxs) == 1 else ''} extension {e} in schema {exts[e]},"
+                        f" which {ctx.target} has in schema {there[e]}",
+                        hint=f"ALTER EXTENSION {quoted[e]} SET SCHEMA {quoted[exts[e]]}; on {ctx.target} (when nothing there needs it where it is), then move")
+    if absent:
+        objs = describe_dependents([shown for shown, ext, _ in missing if ext in absent])
+        names = sorted(absent)
+        install = " ".join(f"CREATE EXTENSION {quoted[e]}" + ("" if exts[e] == "public" else f" SCHEMA {quoted[exts[e]]}") + ";" for e in names)
+        hint = f"install {'them' if len(names) > 1 else 'it'} there first ({install} on {ctx.target}, as a role that may), then move"
+        extensions = f"extension{'s' if len(names) > 1 else ''} {', '.join(names)}"
+        if len(ctxs) == 1:
+            raise MoveError(f"{ctx.schema} uses {extensions} ({objs}), which {ctx.target} does not have", hint=hint)
+        raise MoveError(f"{_what(ctxs)} use {extensions} ({objs}), which {ctx.target} does not have", hint=hint)
+    shown = [s for s, _, _ in missing]
+    them = "them" if len(shown) > 1 else "it"
+    hint = f"create {them} on {ctx.target} first (CREATE EXTENSION, if an extension provides {them}), then move"
+    if len(ctxs) == 1:
+        raise MoveError(f"{ctx.schema} uses {describe_dependents(shown)} from outside the shard, missing on {ctx.target}", hint=hint)
+    raise MoveError(f"{_what(ctxs)} use {describe_dependents(shown)} from outside the shards, missing on {ctx.target}", hint=hint)
 
 
 def _missing_roles(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], sql: str, params: dict[str, Any]) -> list[str]:
@@ -461,14 +490,16 @@ def _missing_roles(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], s
                             " WHERE r NOT IN (SELECT rolname FROM pg_catalog.pg_roles)", (list(needed),)).fetchone()[0] or [])  # type: ignore[index]
 
 
-def _missing_references(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], sql: str, params: dict[str, Any]) -> list[str]:
-    """The objects sql (EXTERNAL_REFERENCES_SQL) finds used on the source that the target does not have."""
+def _missing_references(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], sql: str, params: dict[str, Any]
+                        ) -> list[tuple[str, str | None, str | None]]:
+    """The objects sql (EXTERNAL_REFERENCES_SQL) finds used on the source that the target does not have: each
+    as shown, with the extension it belongs to on the source and that extension's schema (or None)."""
     missing = []
-    for kind, names, args, shown in src.execute(sql, params).fetchall():
+    for kind, names, args, shown, ext, ext_schema in src.execute(sql, params).fetchall():
         try:
             tgt.execute("SELECT pg_catalog.pg_get_object_address(%s, %s, %s)", (kind, names, args))
         except psycopg.Error:
-            missing.append(str(shown))
+            missing.append((str(shown), ext, ext_schema))
     return missing
 
 
@@ -500,12 +531,7 @@ def check_batch(ctxs: list[ShardContext], src: psycopg.Connection[Any], tgt: psy
             hint=f"create {'them' if len(missing) > 1 else 'it'} on {ctx.target} (roles belong to the server, not the database), then move",
         )
     check_owners(ctxs, src, tgt, target=True)
-    gone = _missing_references(src, tgt, q.EXTERNAL_REFERENCES_ANY_SQL, {"schemas": schemas})
-    if gone:
-        raise MoveError(
-            f"{_what(ctxs)} use {describe_dependents(gone)} from outside the shards, missing on {ctx.target}",
-            hint=f"create {'them' if len(gone) > 1 else 'it'} on {ctx.target} first (CREATE EXTENSION, if an extension provides {'them' if len(gone) > 1 else 'it'}), then move",
-        )
+    _refuse_missing(ctxs, _missing_references(src, tgt, q.EXTERNAL_REFERENCES_ANY_SQL, {"schemas": schemas}), tgt)
 
 
 def check_no_other_move(conn: psycopg.Connection[Any], ctx_source: str, shard: int) -> None:
