@@ -10,6 +10,8 @@ The same checks guard `move-shard` and `rebalance` before they journal anything 
   SUBSCRIPTION (a superuser on 15; on 16+, a member of pg_create_subscription with CREATE on the database);
 - for init and apply-ddl: CREATE on the database (its owner has it), and for init (and a move into a database
   without a catalog) TEMPORARY, which hardened setups revoke from PUBLIC: idgen.check_argument_order's probe;
+- the shards' tables without a replica identity a move could use as it stands (no primary key, say): what an
+  online move gives them while it publishes them, or that none would do (move/identity.py);
 - whether a target can reach a source: a CREATE SUBSCRIPTION that connects (create_slot = false, enabled =
   false) in a transaction that is rolled back, so the target server itself logs in to the source with the
   connection string a move would give it, password included. Nothing is left behind.
@@ -421,6 +423,7 @@ def check(config: Any, databases: Sequence[str] | None = None, *, reach: bool = 
                 report.unreachable[name] = e.render()
                 continue
             report.findings.extend(server_findings(name, facts[name]))
+            report.findings.extend(keyless_findings(name, conns[name]))
         if reach:
             for tgt_name in facts:
                 if not facts[tgt_name].may_subscribe:
@@ -435,6 +438,35 @@ def check(config: Any, databases: Sequence[str] | None = None, *, reach: bool = 
         for c in conns.values():
             c.close()
     return report
+
+
+def keyless_findings(name: str, conn: psycopg.Connection[Any]) -> list[Finding]:
+    """The tables of the shards this database serves that lack a replica identity an online move could use as it
+    stands (no primary key, say): ok, with what a move gives them while it publishes them (move/identity.py);
+    FAIL for those no identity would do for (no key, and a column without equality), which only --offline moves."""
+    from .move.identity import keyless_tables, lacking
+    from .ranges import collapse
+
+    if not conn.execute("SELECT pg_catalog.to_regclass('pgidgen.shards') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+        return []
+    schemas = [r[0] for r in conn.execute("SELECT schema_name FROM pgidgen.shards WHERE state IN ('active', 'moving') ORDER BY shard")]
+    movable: dict[str, list[int]] = {}
+    stuck: dict[str, list[int]] = {}
+    for schema, table, during, unequal, was in keyless_tables(conn, schemas):
+        shard = int(schema.rpartition("_")[2])
+        if during is not None:
+            movable.setdefault(f"{table} ({lacking(was)}: {during} for a move)", []).append(shard)
+        else:
+            stuck.setdefault(f"{table} (no key, and column {', '.join(unequal)} without equality)", []).append(shard)
+    out = []
+    if movable:
+        out.append(Finding(name, "keyless tables", True, "an online move gives these a replica identity while it publishes them, and"
+                           " puts theirs back after: " + "; ".join(f"{t} in shard{'s' if len(v) > 1 else ''} {collapse(v)}" for t, v in movable.items())))
+    if stuck:
+        out.append(Finding(name, "keyless tables", False, "no replica identity would let an online move replicate updates and deletes of "
+                           + "; ".join(f"{t} in shard{'s' if len(v) > 1 else ''} {collapse(v)}" for t, v in stuck.items()),
+                           "give each a primary key (or a unique index on NOT NULL columns), or move those shards with --offline", stops="move from"))
+    return out
 
 
 def failures_for_move(source: str, source_facts: Facts, target: str, target_facts: Facts) -> Iterable[Finding]:

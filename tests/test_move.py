@@ -145,10 +145,11 @@ def test_refusals_cli(config: Config, config_file: Path) -> None:
     assert run("1", "db2", "--max-pause", "0.5ms") == "Error: --max-pause must be at least 1ms, not '0.5ms': write it like 1s or 500ms"
     assert run("1", "db2", "--max-pause", "1e-9") == "Error: --max-pause must be at least 1ms, not '1e-9': write it like 1s or 500ms"
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
-        c.execute("CREATE TABLE shard_0.nokey (v int)")
+        c.execute("CREATE TABLE shard_0.nokey (v int, doc json)")  # no key, and json: no replica identity would do
     assert run("0", "db2") == (
-        "Error: table shard_0.nokey has no primary key or replica identity (db1): add a primary key, or ALTER TABLE ... "
-        "REPLICA IDENTITY FULL (or move with --offline): without one, updates and deletes on the source would fail while it is published"
+        "Error: table shard_0.nokey has no primary key or unique index on NOT NULL columns, and column doc of a type without equality,"
+        " so the target could not find the rows that updates and deletes change (db1): give the table a primary key (or a unique index"
+        " on NOT NULL columns), or move with --offline"
     )
     with psycopg.connect(config.dsn("db2"), autocommit=True) as c:
         c.execute("CREATE SCHEMA shard_1")

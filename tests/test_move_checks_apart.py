@@ -82,11 +82,11 @@ def test_a_refusal_beside_the_probe_leaves_nothing(config: Config, refusal: str)
         refusal = "table"
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
         if refusal == "table":
-            c.execute("CREATE TABLE shard_1.nokey (v int)")
+            c.execute("CREATE TABLE shard_1.nokey (v int, doc json)")
         else:
             c.execute("CREATE VIEW public.outside AS SELECT id FROM shard_1.t")
     threads = set(threading.enumerate())
-    expected = "has no primary key or replica identity" if refusal == "table" else "depend on it and cannot move with it"
+    expected = "has no primary key or unique index on NOT NULL columns" if refusal == "table" else "depend on it and cannot move with it"
     try:
         with pytest.raises(MoveError, match=expected):
             move_shard(config, 1, "db3", options=options)

@@ -26,6 +26,7 @@ from ..idgen import schema_name
 from ..layout import Layout
 from ..ranges import collapse
 from . import sqltext as q
+from .identity import IDENTITY_COLUMNS_SQL, Change, Identity, Keys, for_move, keys_of, movable, unequal_columns
 from .journal import POINT_OF_NO_RETURN, lock_holder, open_move
 
 if TYPE_CHECKING:
@@ -40,12 +41,16 @@ class MoveError(DatabaseError):
 class TableInfo:
     name: str
     persistence: str  # p permanent, u unlogged
-    identity_ok: bool
-    identity: str
+    keys: Keys  # its replica identity and what could serve as one (see identity.py)
     est_rows: int
     bytes: int
-    unequal: tuple[str, ...] = ()  # with REPLICA IDENTITY FULL: columns whose type has no equality (json, point, ...)
+    unequal: tuple[str, ...] = ()  # when FULL decides: columns whose type has no equality (json, point, ...)
     replica_triggers: tuple[str, ...] = ()  # user triggers ENABLE ALWAYS or ENABLE REPLICA: they fire in the apply worker
+
+    @property
+    def during(self) -> Identity | None:
+        """The replica identity an online move gives it while it is published (None: its own works)."""
+        return for_move(self.keys, self.unequal)
 
 
 @dataclass
@@ -176,18 +181,12 @@ def read_tables(conn: psycopg.Connection[Any], schema: str) -> tuple[list[TableI
 def read_tables_of(conn: psycopg.Connection[Any], schemas: list[str]) -> dict[str, tuple[list[TableInfo], list[str]]]:
     """Each schema's tables (with what the checks need) and its own sequences: two queries for all of them."""
     out: dict[str, tuple[list[TableInfo], list[str]]] = {s: ([], []) for s in schemas}
+    verdict: dict[str, bool] = {}  # unequal_columns' probes, per type
     for r in conn.execute(
             """
-            SELECT n.nspname, c.relname, c.relpersistence,
-                   CASE c.relreplident
-                     WHEN 'f' THEN true
-                     WHEN 'd' THEN EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
-                     WHEN 'i' THEN EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident)
-                     ELSE false END,
-                   CASE c.relreplident WHEN 'f' THEN 'full' WHEN 'i' THEN 'index' WHEN 'n' THEN 'nothing' ELSE 'primary key' END,
+            SELECT n.nspname, c.relname, c.relpersistence, c.relreplident::text,""" + IDENTITY_COLUMNS_SQL + """,
                    CASE WHEN c.reltuples < 0 THEN -1 ELSE c.reltuples::bigint END,
                    pg_table_size(c.oid),
-                   c.relreplident = 'f',
                    ARRAY(SELECT tg.tgname::text FROM pg_trigger tg WHERE tg.tgrelid = c.oid AND NOT tg.tgisinternal
                          AND tg.tgenabled IN ('A', 'R') ORDER BY tg.tgname)
             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -197,8 +196,9 @@ def read_tables_of(conn: psycopg.Connection[Any], schemas: list[str]) -> dict[st
             (schemas,),
     ).fetchall():
         schema = r[0]
-        t = TableInfo(name=r[1], persistence=r[2], identity_ok=bool(r[3]), identity=r[4], est_rows=int(r[5]), bytes=int(r[6]),
-                      unequal=unequal_columns(conn, schema, r[1]) if r[7] else (), replica_triggers=tuple(r[8] or ()))
+        keys = keys_of(r[3], r[4], r[5], r[6])
+        t = TableInfo(name=r[1], persistence=r[2], keys=keys, est_rows=int(r[7]), bytes=int(r[8]),
+                      unequal=unequal_columns(conn, schema, r[1], verdict) if keys.full_decides else (), replica_triggers=tuple(r[9] or ()))
         if t.est_rows < 0:  # never analysed: count, so the progress bar has a total
             t.est_rows = int(conn.execute(f"SELECT count(*) FROM ONLY {_q(schema, t.name)}").fetchone()[0])  # type: ignore[index]
         out[schema][0].append(t)
@@ -211,50 +211,20 @@ def read_tables_of(conn: psycopg.Connection[Any], schemas: list[str]) -> dict[st
     return out
 
 
-#: Per column, the type whose equality counts: domains by their base type, arrays by their element's (array
-#: equality needs the element's), all the way down (a NOT NULL domain could not even be cast NULL to).
-_EQUALITY_TYPES_SQL = """
-WITH RECURSIVE col AS (
-    SELECT a.attnum, a.attname::text AS name, a.atttypid AS t, 0 AS depth FROM pg_catalog.pg_attribute a
-    WHERE a.attrelid = %(rel)s::pg_catalog.regclass AND a.attnum > 0 AND NOT a.attisdropped
-  UNION ALL
-    SELECT col.attnum, col.name, CASE WHEN ty.typtype = 'd' THEN ty.typbasetype ELSE ty.typelem END, col.depth + 1
-    FROM col JOIN pg_catalog.pg_type ty ON ty.oid = col.t
-    WHERE col.depth < 16 AND (ty.typtype = 'd' OR ty.typcategory = 'A' AND ty.typelem <> 0)
-)
-SELECT DISTINCT ON (attnum) name, pg_catalog.format_type(t, NULL) FROM col ORDER BY attnum, depth DESC
-"""
-
-
-def unequal_columns(conn: psycopg.Connection[Any], schema: str, table: str) -> tuple[str, ...]:
-    """The columns of a REPLICA IDENTITY FULL table whose type has no equality as the target's apply worker looks
-    it up (the type cache: a default btree or hash operator class, binary-coercible ones included; domains by
-    their base type; composites and arrays by their parts). array_position() asks the type cache the very same
-    question, so it is the probe: it fails for json, point, xml, domains over them, composites holding them."""
-    bad: list[str] = []
-    verdict: dict[str, bool] = {}
-    for name, typ in conn.execute(_EQUALITY_TYPES_SQL, {"rel": _q(schema, table)}).fetchall():
-        if typ not in verdict:
-            try:
-                with conn.transaction():
-                    conn.execute(f"SELECT pg_catalog.array_position(ARRAY[NULL::{typ}], NULL::{typ})")
-                verdict[typ] = True
-            except psycopg.errors.UndefinedFunction:  # no equality at all
-                verdict[typ] = False
-            except psycopg.Error as e:
-                verdict[typ] = getattr(e, "sqlstate", "") not in ("42883", "0A000")
-        if not verdict[typ]:
-            bad.append(name)
-    return tuple(bad)
-
-
 def _q(schema: str, name: str) -> str:
     from .sqltext import ident
 
     return ident(schema, name)
 
 
+def identity_changes(ctx: ShardContext) -> list[Change]:
+    """The shard's tables whose replica identity an online move sets for as long as it publishes them."""
+    return [Change(t.name, t.keys.identity, during) for t in ctx.tables if (during := t.during) is not None]
+
+
 def check_tables(ctx: ShardContext, *, online: bool) -> None:
+    """What an online move cannot replicate: unlogged tables, a table no replica identity would do for (no key,
+    and a column without equality), triggers that would fire again on the target."""
     if not online:
         return
     for t in ctx.tables:
@@ -263,32 +233,19 @@ def check_tables(ctx: ShardContext, *, online: bool) -> None:
                 f"table {ctx.schema}.{t.name} is unlogged, which logical replication cannot copy",
                 hint="make it logged (ALTER TABLE ... SET LOGGED) or move the shard with --offline",
             )
-        if t.identity == "nothing":
-            raise MoveError(
-                f"table {ctx.schema}.{t.name} has REPLICA IDENTITY NOTHING: updates and deletes on it cannot be replicated",
-                where=ctx.source,
-                hint=f"ALTER TABLE {ctx.schema}.{t.name} REPLICA IDENTITY DEFAULT (its primary key) or FULL, or move with --offline",
-            )
-        if t.unequal:
-            raise MoveError(
-                f"table {ctx.schema}.{t.name} has REPLICA IDENTITY FULL and column {', '.join(t.unequal)} of a type without equality,"
-                " so the target could not find the rows that updates and deletes change",
-                where=ctx.source,
-                hint="give the table a primary key (or a unique index as its replica identity), or move with --offline",
-            )
+        if not movable(t.keys, t.unequal):
+            hint = "give the table a primary key (or a unique index on NOT NULL columns), or move with --offline"
+            if t.keys.identity.kind == "f":
+                raise MoveError(f"table {ctx.schema}.{t.name} has REPLICA IDENTITY FULL and column {', '.join(t.unequal)} of a type without"
+                                " equality, so the target could not find the rows that updates and deletes change", where=ctx.source, hint=hint)
+            raise MoveError(f"table {ctx.schema}.{t.name} has no primary key or unique index on NOT NULL columns, and column {', '.join(t.unequal)}"
+                            " of a type without equality, so the target could not find the rows that updates and deletes change", where=ctx.source, hint=hint)
         if t.replica_triggers:
             raise MoveError(
                 f"table {ctx.schema}.{t.name} has trigger {', '.join(t.replica_triggers)} enabled ALWAYS or REPLICA: on the target's"
                 " copy it would fire again for every replicated change",
                 where=ctx.source,
                 hint=f"ALTER TABLE {ctx.schema}.{t.name} ENABLE TRIGGER ... (fires on the source only) for the move, or move with --offline",
-            )
-        if not t.identity_ok:
-            raise MoveError(
-                f"table {ctx.schema}.{t.name} has no primary key or replica identity",
-                where=ctx.source,
-                hint="add a primary key, or ALTER TABLE ... REPLICA IDENTITY FULL (or move with --offline): "
-                "without one, updates and deletes on the source would fail while it is published",
             )
 
 
@@ -489,12 +446,41 @@ def check_outside_dependents(ctx: ShardContext, src: psycopg.Connection[Any]) ->
 def check_external_references(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any]) -> None:
     """What the shard's objects use outside its schema (a table its foreign key references, a type, a function)
     exists on the target too: otherwise the copy fails halfway, with the source's replication slot in place."""
-    missing = _missing_references(src, tgt, q.EXTERNAL_REFERENCES_SQL, {"schema": ctx.schema})
-    if missing:
-        raise MoveError(
-            f"{ctx.schema} uses {describe_dependents(missing)} from outside the shard, missing on {ctx.target}",
-            hint=f"create {'them' if len(missing) > 1 else 'it'} on {ctx.target} first (CREATE EXTENSION, if an extension provides {'them' if len(missing) > 1 else 'it'}), then move",
-        )
+    _refuse_missing([ctx], _missing_references(src, tgt, q.EXTERNAL_REFERENCES_SQL, {"schema": ctx.schema}), tgt)
+
+
+def _refuse_missing(ctxs: list[ShardContext], missing: list[tuple[str, str | None, str | None]], tgt: psycopg.Connection[Any]) -> None:
+    """The refusal for what the target lacks: the extensions that provide it, when the target has not got them,
+    with the statements that install them; else the objects themselves."""
+    if not missing:
+        return
+    ctx = ctxs[0]
+    exts = {ext: schema for _, ext, schema in missing if ext is not None}
+    there = {str(r[0]): str(r[1]) for r in tgt.execute("SELECT e.extname, n.nspname FROM pg_catalog.pg_extension e"
+                                                      " JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = ANY(%s)", (list(exts),))}
+    absent = set(exts) - set(there)
+    elsewhere = sorted(e for e in exts if e in there and there[e] != exts[e])
+    quoted = dict(tgt.execute("SELECT x, pg_catalog.quote_ident(x) FROM pg_catalog.unnest(%s::text[]) x", ([*exts, *exts.values()],)).fetchall())
+    if not absent and elsewhere:
+        e = elsewhere[0]
+        raise MoveError(f"{ctx.schema if len(ctxs) == 1 else _what(ctxs)} use{'s' if len(ctxs) == 1 else ''} extension {e} in schema {exts[e]},"
+                        f" which {ctx.target} has in schema {there[e]}",
+                        hint=f"ALTER EXTENSION {quoted[e]} SET SCHEMA {quoted[exts[e]]}; on {ctx.target} (when nothing there needs it where it is), then move")
+    if absent:
+        objs = describe_dependents([shown for shown, ext, _ in missing if ext in absent])
+        names = sorted(absent)
+        install = " ".join(f"CREATE EXTENSION {quoted[e]}" + ("" if exts[e] == "public" else f" SCHEMA {quoted[exts[e]]}") + ";" for e in names)
+        hint = f"install {'them' if len(names) > 1 else 'it'} there first ({install} on {ctx.target}, as a role that may), then move"
+        extensions = f"extension{'s' if len(names) > 1 else ''} {', '.join(names)}"
+        if len(ctxs) == 1:
+            raise MoveError(f"{ctx.schema} uses {extensions} ({objs}), which {ctx.target} does not have", hint=hint)
+        raise MoveError(f"{_what(ctxs)} use {extensions} ({objs}), which {ctx.target} does not have", hint=hint)
+    shown = [s for s, _, _ in missing]
+    them = "them" if len(shown) > 1 else "it"
+    hint = f"create {them} on {ctx.target} first (CREATE EXTENSION, if an extension provides {them}), then move"
+    if len(ctxs) == 1:
+        raise MoveError(f"{ctx.schema} uses {describe_dependents(shown)} from outside the shard, missing on {ctx.target}", hint=hint)
+    raise MoveError(f"{_what(ctxs)} use {describe_dependents(shown)} from outside the shards, missing on {ctx.target}", hint=hint)
 
 
 def _missing_roles(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], sql: str, params: dict[str, Any]) -> list[str]:
@@ -504,14 +490,16 @@ def _missing_roles(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], s
                             " WHERE r NOT IN (SELECT rolname FROM pg_catalog.pg_roles)", (list(needed),)).fetchone()[0] or [])  # type: ignore[index]
 
 
-def _missing_references(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], sql: str, params: dict[str, Any]) -> list[str]:
-    """The objects sql (EXTERNAL_REFERENCES_SQL) finds used on the source that the target does not have."""
+def _missing_references(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], sql: str, params: dict[str, Any]
+                        ) -> list[tuple[str, str | None, str | None]]:
+    """The objects sql (EXTERNAL_REFERENCES_SQL) finds used on the source that the target does not have: each
+    as shown, with the extension it belongs to on the source and that extension's schema (or None)."""
     missing = []
-    for kind, names, args, shown in src.execute(sql, params).fetchall():
+    for kind, names, args, shown, ext, ext_schema in src.execute(sql, params).fetchall():
         try:
             tgt.execute("SELECT pg_catalog.pg_get_object_address(%s, %s, %s)", (kind, names, args))
         except psycopg.Error:
-            missing.append(str(shown))
+            missing.append((str(shown), ext, ext_schema))
     return missing
 
 
@@ -543,12 +531,7 @@ def check_batch(ctxs: list[ShardContext], src: psycopg.Connection[Any], tgt: psy
             hint=f"create {'them' if len(missing) > 1 else 'it'} on {ctx.target} (roles belong to the server, not the database), then move",
         )
     check_owners(ctxs, src, tgt, target=True)
-    gone = _missing_references(src, tgt, q.EXTERNAL_REFERENCES_ANY_SQL, {"schemas": schemas})
-    if gone:
-        raise MoveError(
-            f"{_what(ctxs)} use {describe_dependents(gone)} from outside the shards, missing on {ctx.target}",
-            hint=f"create {'them' if len(gone) > 1 else 'it'} on {ctx.target} first (CREATE EXTENSION, if an extension provides {'them' if len(gone) > 1 else 'it'}), then move",
-        )
+    _refuse_missing(ctxs, _missing_references(src, tgt, q.EXTERNAL_REFERENCES_ANY_SQL, {"schemas": schemas}), tgt)
 
 
 def check_no_other_move(conn: psycopg.Connection[Any], ctx_source: str, shard: int) -> None:

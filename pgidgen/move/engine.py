@@ -30,10 +30,12 @@ from .context import (
     check_owners,
     check_servers,
     check_tables,
+    identity_changes,
     locate_batch,
     read_states,
     read_tables_of,
 )
+from .identity import journal_form
 from .journal import Journal, MoveRecord, lock_holder, open_move, release, retired_names, try_lock_all
 from .steps.activate import ActivateStep
 from .steps.base import (
@@ -49,6 +51,7 @@ from .steps.base import (
 )
 from .steps.copy import CopySteps
 from .steps.cutover import CutoverSteps
+from .steps.identity import IdentitySteps
 from .steps.prepare import PrepareSteps, ensure_catalog
 from .steps.replication import ReplicationSteps, drop_slots, measure_skew, teardown
 from .steps.rollback import RollbackStep
@@ -281,6 +284,10 @@ def _move_batch(
             detail["tables"] = [t.name for t in ctx.tables]
         else:
             detail["shards"] = shards
+        if not opts.offline:  # what the move will change, journaled before it changes anything
+            changed = journal_form({c.schema: identity_changes(c) for c in ctxs})
+            if changed:
+                detail["identity"] = changed
         journal = Journal.open_new(
             admin, shard=shards[0], source=ctx.source, target=target, mode="offline" if opts.offline else "online", token=token, detail=detail,
         )
@@ -472,7 +479,7 @@ def rollback_move(config: Config, shard: int) -> MoveReport:
         release(admin, shard)
 
 
-class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateStep, VerifyStep, RollbackStep):
+class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateStep, VerifyStep, IdentitySteps, RollbackStep):
     """Walks the journal's steps from the one last started; each step_<name> lives in its phase's module."""
 
     def run(self, *, resumed: bool = False) -> MoveReport:

@@ -16,7 +16,7 @@ import psycopg
 from ..idgen import LOCK_CLASS
 
 #: The steps of an online move, in order. Offline moves skip the replication steps.
-ONLINE_STEPS = ("prepare", "publication", "copy", "subscription", "catchup", "cutover", "activate", "teardown", "verify")
+ONLINE_STEPS = ("prepare", "publication", "copy", "subscription", "catchup", "cutover", "activate", "teardown", "identity", "verify")
 OFFLINE_STEPS = ("prepare", "schema", "cutover", "activate", "verify")
 #: Before this step completes the source holds the authoritative copy and a rollback loses nothing.
 POINT_OF_NO_RETURN = "activate"

@@ -6,8 +6,19 @@ from collections.abc import Sequence
 
 from ..config import Config
 from ..db import connect
+from . import identity as replica
 from . import sqltext as q
-from .context import check_external_references, check_outside_dependents, check_owners, check_roles, check_servers, check_tables, locate, read_tables
+from .context import (
+    check_external_references,
+    check_outside_dependents,
+    check_owners,
+    check_roles,
+    check_servers,
+    check_tables,
+    identity_changes,
+    locate,
+    read_tables,
+)
 from .engine import MoveOptions
 from .sqltext import ColumnHash, PlannedStep
 from .transfer import TableCopy, plan_tables
@@ -38,7 +49,8 @@ def plan_move(config: Config, shard: int, target: str, *, options: MoveOptions |
     finally:
         src.close()
     return render_plan(config, ctx.shard, ctx.source, target, [t.name for t in ctx.tables], options=opts,
-                       target_has_catalog=ctx.target_state.has_catalog, columns=columns, streams=streams, parents=parents)
+                       target_has_catalog=ctx.target_state.has_catalog, columns=columns, streams=streams, parents=parents,
+                       identities=[] if opts.offline else identity_changes(ctx))
 
 
 def render_plan(
@@ -53,6 +65,7 @@ def render_plan(
     columns: dict[str, list[ColumnHash]] | None = None,
     streams: list[TableCopy] | None = None,
     parents: Sequence[str] = (),
+    identities: Sequence[replica.Change] = (),
 ) -> list[PlannedStep]:
     schema = f"shard_{shard}"
     streams = streams if streams is not None else [TableCopy(t, True) for t in tables]
@@ -71,14 +84,22 @@ def render_plan(
                                  " (tables, functions, sequences, grants; indexes and constraints come after the rows), in one transaction",
                                  q.target_row_sql(shard, schema)))
     else:
+        if identities:
+            steps.append(PlannedStep(
+                "publication", source, "tables without a usable replica identity get one while the move publishes them: "
+                + "; ".join(c.describe(schema) for c in identities)
+                + f" (each ALTER waits at most {replica.LOCK_TRY_MS} ms for its lock, tried again with backoff for up to {replica.LOCK_WAIT_S:g} s)",
+                replica.render(schema, identities), [f"ACCESS EXCLUSIVE on each of these tables, at most {replica.LOCK_TRY_MS} ms a try"]))
         steps += [
             PlannedStep("publication", source, "publish the shard's tables and this move's heartbeat row", q.publication_sql(names, refs)),
             PlannedStep("copy", target, catalog + ", beside the slot and pg_dump"),
             PlannedStep("copy", f"{source} -> {target}", "a logical slot exporting a snapshot (replication connection), then the shard at"
                         f" that snapshot, in one target transaction: the pre-data of pg_dump --schema-only --schema={schema} (started during"
                         " the checks, before the snapshot; printed by pg_restore --section=pre-data), each table's rows as a binary COPY stream (psql at the snapshot on the"
-                        " source), its post-data (indexes and constraints), and the target's catalog row",
-                        q.slot_sql(names) + ";\n" + _copy_sql(schema, streams) + q.target_row_sql(shard, schema, reset_offset=False)),
+                        " source), its post-data (indexes and constraints), " + ("the move's replica identities, " if identities else "")
+                        + "and the target's catalog row",
+                        q.slot_sql(names) + ";\n" + _copy_sql(schema, streams) + replica.render(schema, identities)
+                        + q.target_row_sql(shard, schema, reset_offset=False)),
             PlannedStep("subscription", target, "subscribe without copying: apply streams every change after the snapshot",
                         q.subscription_sql(names, options.subscription_conninfo or config.dsn(source), show=True)),
             PlannedStep("catchup", source, "heartbeats until one arrives within half of --max-pause; measure the clock skew",
@@ -105,6 +126,10 @@ def render_plan(
             PlannedStep("teardown", target, "drop the subscription", q.drop_subscription_sql(names.subscription)),
             PlannedStep("teardown", source, "drop the slots and the publication", q.drop_slots_sql(names, None) + q.drop_publication_sql(names)),
         ]
+    if identities:
+        steps.append(PlannedStep("identity", f"{source}+{target}", "the replica identities as they were before the move, on the source copy"
+                                 f" and on {target}, once the verification has read them (each lock tried as above)",
+                                 replica.render(retired, identities, back=True) + replica.render(schema, identities, back=True)))
     steps.append(PlannedStep("verify", f"{source}+{target}", "row count and checksum per table, source copy vs the target's snapshot at the cutover",
                              "\n".join(q.checksum_sql(schema, t, None if columns is None else columns.get(t, [])) + ";" for t in tables) + ("\n" if tables else "")))
     if options.drop_source:

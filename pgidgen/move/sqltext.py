@@ -158,7 +158,8 @@ assert "%(schema)s" not in OUTSIDE_DEPENDENTS_ANY_SQL
 
 #: Objects outside the shard's schema (and outside pg_catalog, information_schema and pgidgen, which init
 #: installs) that the shard's objects depend on: a foreign key's table, a column's type, a default's function, a
-#: view's table; as addresses (pg_identify_object_as_address) that the target can look up.
+#: view's table; as addresses (pg_identify_object_as_address) that the target can look up; with the extension
+#: each belongs to (an array type by its element's) and that extension's schema, or NULLs.
 EXTERNAL_REFERENCES_SQL = """
 WITH n AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s),
 d (classid, objid) AS (
@@ -176,8 +177,16 @@ d (classid, objid) AS (
               JOIN pg_catalog.pg_class c ON c.oid = po.polrelid JOIN n ON c.relnamespace = n.oid),
 r AS (SELECT DISTINCT dep.refclassid, dep.refobjid FROM pg_catalog.pg_depend dep JOIN d ON dep.classid = d.classid AND dep.objid = d.objid
       WHERE dep.deptype = 'n')
-SELECT a.type, a.object_names, a.object_args, i.type || ' ' || i.identity
-FROM r, pg_catalog.pg_identify_object(r.refclassid, r.refobjid, 0) i, pg_catalog.pg_identify_object_as_address(r.refclassid, r.refobjid, 0) a
+SELECT a.type, a.object_names, a.object_args, i.type || ' ' || i.identity, ext.extname, ext.nspname
+FROM r CROSS JOIN pg_catalog.pg_identify_object(r.refclassid, r.refobjid, 0) i
+CROSS JOIN pg_catalog.pg_identify_object_as_address(r.refclassid, r.refobjid, 0) a
+LEFT JOIN LATERAL (
+    SELECT e.extname::text, en.nspname::text FROM pg_catalog.pg_depend x
+    JOIN pg_catalog.pg_extension e ON e.oid = x.refobjid JOIN pg_catalog.pg_namespace en ON en.oid = e.extnamespace
+    WHERE x.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass AND x.deptype = 'e' AND x.classid = r.refclassid
+      AND x.objid = coalesce((SELECT NULLIF(t.typelem, 0::pg_catalog.oid) FROM pg_catalog.pg_type t
+                              WHERE r.refclassid = 'pg_catalog.pg_type'::pg_catalog.regclass AND t.oid = r.refobjid AND t.typcategory = 'A'), r.refobjid)
+    LIMIT 1) ext ON true
 WHERE i.schema NOT IN (%(schema)s, 'pg_catalog', 'information_schema', 'pgidgen')
   AND i.type <> 'index'  -- a foreign key's unique index: its table is named
 ORDER BY 4

@@ -80,6 +80,8 @@ class MoveReport:
     pause_parts: dict[str, float] = field(default_factory=dict)  # ms: where the pause went
     #: a rollback whose target did not answer: what it left there (named in the report)
     left_on_target: str | None = None
+    #: tables whose replica identity the move set while it published them, put back after: table, was, during
+    identities: list[dict[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.shards = self.shards or [self.shard]
@@ -96,6 +98,8 @@ class MoveReport:
             "retired_schemas": {str(k): v for k, v in sorted(self.retired_schemas.items())}, "bytes_copied": self.bytes_copied,
             "pause_parts_ms": self.pause_parts, "notes": self.notes,
         }
+        if self.identities:
+            out["replica_identities"] = self.identities
         if self.verification is not None:
             out["verification"] = self.verification.as_dict()
         return out
@@ -391,6 +395,15 @@ class MoverBase:
         raise NotImplementedError
 
     def _ensure_target_catalog(self, conn: psycopg.Connection[Any] | None = None) -> None:
+        raise NotImplementedError
+
+    def _set_identities(self) -> None:
+        raise NotImplementedError
+
+    def _identities_on_target_sql(self) -> str:
+        raise NotImplementedError
+
+    def _put_back_on_source(self) -> None:
         raise NotImplementedError
 
     def _reset_copy(self) -> None:

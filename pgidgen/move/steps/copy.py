@@ -66,7 +66,8 @@ class CopySteps(MoverBase):
         catalog, self.catalog_ahead = self.catalog_ahead or Background(self._install_target_catalog_apart), None
         try:
             dump, self.schema_dump = self.schema_dump, None
-            self._transfer(slot, COPY_SECTIONS, schema_dump=dump, then="".join(q.target_row_sql(c.shard, c.schema, reset_offset=False) for c in self.ctxs),
+            then = self._identities_on_target_sql() + "".join(q.target_row_sql(c.shard, c.schema, reset_offset=False) for c in self.ctxs)
+            self._transfer(slot, COPY_SECTIONS, schema_dump=dump, then=then,
                            started=lambda: self.journal.note("copy", consistent_point=created[0]),
                            ready=catalog if first else None, before_then=catalog)
         finally:

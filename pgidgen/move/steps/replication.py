@@ -17,6 +17,7 @@ from .base import POLL, CopyProgress, CutoverAborted, MoverBase
 
 class ReplicationSteps(MoverBase):
     def step_publication(self) -> None:
+        self._set_identities()  # before anything publishes them: updates and deletes on them would fail
         if self.admin.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.names.publication,)).fetchone():
             return
         tables = [q.TableRef(c.schema, t.name) for c in self.ctxs for t in c.tables]

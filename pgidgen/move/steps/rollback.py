@@ -25,6 +25,7 @@ class RollbackStep(MoverBase):
                 )
             self.journal.log(self.rec.step, "rollback", {})
             teardown(self.admin, self.tgt, self.names, self.rec.detail.get("subscription_oid"))
+            self._put_back_on_source()  # once no publication holds the tables
             self._point("rollback:torn-down")
             if any(st == "incoming" for st, _ in rows.values()):
                 with self.tgt.transaction():
@@ -58,6 +59,7 @@ class RollbackStep(MoverBase):
         self.journal.log(self.rec.step, "rollback", {"target_unreachable": unreachable.render()})
         drop_slots(self.admin, self.names, self.rec.detail.get("subscription_oid"))
         execute_script(self.admin, q.drop_publication_sql(self.names))
+        self._put_back_on_source()
         self._point("rollback:torn-down")
         with self.admin.transaction():
             self.admin.execute("UPDATE pgidgen.shards SET state = 'active', updated_at = now() WHERE shard = ANY(%s) AND state = 'moving'", (self.shards,))
