@@ -291,6 +291,24 @@ def test_what_pg_dump_does_not_copy_as_it_stands_does_not_stop_a_move(config: Co
     assert move_shard(config, 1, "db3").status == "done"
 
 
+def test_an_operator_class_of_the_shard_moves_with_it(config: Config) -> None:
+    """An operator class and family in the shard over the shard's own function (as apply-ddl --from-schema makes
+    from a dump): its members (pg_amproc, pg_amop rows) were taken for objects outside the shard depending on it,
+    and the move refused (found by trying a real app's schema)."""
+    setup_shards(config, rows=5)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute("CREATE FUNCTION shard_1.cmp_len(text, text) RETURNS int LANGUAGE sql IMMUTABLE"
+                  " AS 'SELECT pg_catalog.btint4cmp(pg_catalog.length($1), pg_catalog.length($2))'")
+        c.execute("CREATE OPERATOR CLASS shard_1.len_ops FOR TYPE text USING btree"
+                  " AS OPERATOR 1 pg_catalog.< (text, text), FUNCTION 1 shard_1.cmp_len(text, text)")
+        c.execute("CREATE TABLE shard_1.words (w text PRIMARY KEY)")
+        c.execute("CREATE INDEX words_len ON shard_1.words (w shard_1.len_ops)")
+    assert move_shard(config, 1, "db3").status == "done"
+    with psycopg.connect(config.dsn("db3")) as c:
+        assert c.execute("SELECT count(*) FROM pg_catalog.pg_opclass WHERE opcname = 'len_ops'"
+                         " AND opcnamespace = 'shard_1'::regnamespace").fetchone() == (1,)
+
+
 def test_an_outside_object_made_during_the_move_stops_it_and_drop_source_keeps_a_copy_in_use(config: Config) -> None:
     """A view on the shard made mid-move used to pass (the check ran only at the start) and stay bound to the
     retired copy; and --drop-source, unable to drop a copy something depends on, turned the finished move into an

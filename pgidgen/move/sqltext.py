@@ -111,6 +111,11 @@ _OWNER_SCHEMA = """coalesce((pg_catalog.pg_identify_object(classid, objid, objsu
             WHEN 'pg_catalog.pg_rewrite'::pg_catalog.regclass THEN (SELECT ev_class FROM pg_catalog.pg_rewrite WHERE oid = objid)
             WHEN 'pg_catalog.pg_trigger'::pg_catalog.regclass THEN (SELECT tgrelid FROM pg_catalog.pg_trigger WHERE oid = objid)
             WHEN 'pg_catalog.pg_policy'::pg_catalog.regclass THEN (SELECT polrelid FROM pg_catalog.pg_policy WHERE oid = objid)
+        END), (  -- an operator class's member function or operator: its family's schema
+        SELECT n.nspname FROM pg_catalog.pg_opfamily f JOIN pg_catalog.pg_namespace n ON n.oid = f.opfnamespace
+        WHERE f.oid = CASE classid
+            WHEN 'pg_catalog.pg_amproc'::pg_catalog.regclass THEN (SELECT amprocfamily FROM pg_catalog.pg_amproc WHERE oid = objid)
+            WHEN 'pg_catalog.pg_amop'::pg_catalog.regclass THEN (SELECT amopfamily FROM pg_catalog.pg_amop WHERE oid = objid)
         END))"""
 
 
