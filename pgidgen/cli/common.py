@@ -121,6 +121,16 @@ def parse_duration(text: str, option: str = "--max-pause") -> float:
     return value
 
 
+def parse_wait(text: str, option: str) -> float:
+    """parse_duration for a wait that may be none: '0' (or '0s', '0ms') is no wait at all."""
+    try:
+        if float(text.strip().lower().removesuffix("ms").removesuffix("s")) == 0:
+            return 0.0
+    except ValueError:
+        pass
+    return parse_duration(text, option)
+
+
 def typed(ctx: click.Context, name: str) -> bool:
     """Whether the option was given on the command line (else its default: a resumed move keeps its journal's)."""
     return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE

@@ -51,6 +51,7 @@ from .steps.copy import CopySteps
 from .steps.cutover import CutoverSteps
 from .steps.prepare import PrepareSteps, ensure_catalog
 from .steps.replication import ReplicationSteps, drop_slots, measure_skew, teardown
+from .steps.ride import RideThrough
 from .steps.rollback import RollbackStep
 from .steps.verify import VerifyStep
 from .transfer import COPY_SECTIONS, SchemaDump
@@ -213,6 +214,7 @@ def _move_batch(
         _close_opened(opening, src_for_check)
         raise
     tgt: psycopg.Connection[Any] | None = None
+    journal: Journal | None = None
     early: SchemaDump | None = None
     probing: Probe | None = None
     batch_checked: Background[None] | None = None
@@ -288,6 +290,8 @@ def _move_batch(
         early = None  # the mover's now
         return mover.run()
     finally:
+        if journal is not None and journal.conn is not admin:  # a ride connected again: the locks are that session's
+            release(journal.conn, shards[0])
         if probing is not None:
             probing.stop()
         if batch_checked is not None:
@@ -460,6 +464,8 @@ def resume_move(
         journal.log(journal.record.step, "resume", {})
         return Mover(config, ctxs, journal, opts, progress, hook).run(resumed=True)
     finally:
+        if journal.conn is not admin:  # a ride connected again: the locks are that session's
+            release(journal.conn, shard)
         release(admin, shard)
 
 
@@ -472,7 +478,7 @@ def rollback_move(config: Config, shard: int) -> MoveReport:
         release(admin, shard)
 
 
-class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateStep, VerifyStep, RollbackStep):
+class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateStep, VerifyStep, RollbackStep, RideThrough):
     """Walks the journal's steps from the one last started; each step_<name> lives in its phase's module."""
 
     def run(self, *, resumed: bool = False) -> MoveReport:
@@ -481,10 +487,21 @@ class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateSte
         self.resumed_step = self.rec.step if resumed else None
         step = self.rec.step
         try:
-            for step in steps[first:]:
-                self.journal.start(step)
-                self._point(step)
-                getattr(self, "step_" + step)()
+            i = first
+            while i < len(steps):
+                step = steps[i]
+                try:
+                    self.journal.start(step)
+                    self._point(step)
+                    getattr(self, "step_" + step)()
+                except (psycopg.Error, PgidgenError) as e:
+                    if not self._ride(step, e):  # a lost connection: back, and the journal read again (steps/ride.py)
+                        raise
+                    i = steps.index(self.rec.step) if self.rec.step in steps else i
+                    self.resumed_step = self.rec.step
+                    continue
+                self.rides.pop(step, None)
+                i += 1
             self.journal.finish("done")
         except CutoverAborted as e:
             self.journal.start("cutover" if self.opts.offline else "catchup")
