@@ -127,12 +127,14 @@ def apply_errors(net: Net) -> int:
 
 def test_the_subscriptions_connection_cut_in_catchup_is_waited_for(net: Net) -> None:
     """The issue's measured case: the subscription's connection cut (and refused for a second) during the
-    catch-up, and again as the pause begins. The apply worker fails and reconnects by itself; the move used to
+    catch-up, and again as the pause begins (and, first, the source refused to CREATE SUBSCRIPTION for a moment). The apply worker fails and reconnects by itself; the move used to
     stop at once ("applying changes of shard 1 on db3 failed"). It waits for it, says so, and finishes."""
     setup_shards(net.direct, rows=200)
     errors: list[int] = []
 
     def hook(point: str) -> None:
+        if point == "subscription" and not net.sub.events:  # CREATE SUBSCRIPTION cannot reach the source: tried again
+            net.sub.refuse(0.5)
         if point in ("catchup", "cutover") and len(errors) < 2:
             errors.append(apply_errors(net))
             streaming(net)
@@ -142,7 +144,9 @@ def test_the_subscriptions_connection_cut_in_catchup_is_waited_for(net: Net) -> 
 
     report, w, took = under_writer(net, lambda: move_shard(net.config, SHARD, "db3", options=net.options(), hook=hook, progress=net.seen))
     assert errors[0] < errors[1] < errors[2], errors  # the worker really lost its connection, twice
-    assert report.faults and {f["step"] for f in report.faults} == {"catchup"}, report.faults
+    steps = [f["step"] for f in report.faults]
+    assert steps[0] == "subscription" and set(steps) == {"subscription", "catchup"}, report.faults
+    assert report.faults[0]["lost"] == "db1 (from db3's server)" and "could not reach db1 to subscribe" in report.faults[0]["error"], report.faults
     assert any(p and "waiting for the subscription on db3 to reconnect to db1" in p for p in net.progress), net.progress
     assert report.verification is not None and report.verification.ok
     print(f"\nsubscription cut x2: {len(w.ids)} writes acknowledged, 0 lost, 0 twice, move {took:.1f}s, apply errors {errors},"
@@ -163,15 +167,19 @@ def test_pgidgens_own_connections_cut_at_every_step(net: Net) -> None:
             net.src.cut()
             if point not in ("teardown", "verify"):
                 net.tgt.cut()
+            if point == "verify":  # and the journal's last write goes through, its answer lost
+                net.src.cut_after(b"finished_at")
 
     report, w, took = under_writer(net, lambda: move_shard(net.config, SHARD, "db3", options=net.options(), hook=hook, progress=net.seen))
     assert sorted(done) == sorted(POINTS)
-    steps = [p.split(":")[0] for p in POINTS]
+    steps = [p.split(":")[0] for p in POINTS] + ["verify"]
     assert sorted(f["step"] for f in report.faults) == sorted(steps), report.faults
+    assert any(e.startswith("sent b'finished_at'") for _, e in net.src.events), net.src.events
     assert report.verification is not None and report.verification.ok and report.verification.when == "at the cutover point", report.verification
     assert len(net.progress) >= len(set(steps)) and all("waiting for it" in str(p) for p in net.progress), net.progress
     with psycopg.connect(net.direct.dsn("db1"), autocommit=True) as c:
-        assert c.execute("SELECT count(*) FROM pgidgen.move_log WHERE event = 'fault'").fetchone()[0] == len(POINTS)  # type: ignore[index]
+        assert c.execute("SELECT count(*) FROM pgidgen.move_log WHERE event = 'fault'").fetchone()[0] == len(steps)  # type: ignore[index]
+        assert c.execute("SELECT status FROM pgidgen.moves").fetchall() == [("done",)]
     print(f"\n{len(POINTS)} cuts, one at each step: {len(w.ids)} writes acknowledged, 0 lost, 0 twice, move {took:.1f}s,"
           f" back after {max(f['seconds'] for f in report.faults):.2f}s at most")
 
@@ -205,15 +213,15 @@ def test_a_commit_lost_in_the_pause_is_looked_up_before_anything_else(net: Net) 
 
 
 def test_a_source_that_refuses_connections_for_a_while_during_the_copy(net: Net) -> None:
-    """The source gone for two seconds mid-copy (every connection cut, new ones refused): the move waits, says
+    """The source gone for a second mid-copy (every connection cut, new ones refused): the move waits, says
     so, copies again from a new slot (the old one dropped) and finishes."""
     setup_shards(net.direct, rows=200)
     report, w, took = under_writer(net, lambda: move_shard(net.config, SHARD, "db3", options=net.options(), progress=net.seen,
-                                                           hook=once("copy:restored", lambda: net.src.refuse(2.0))))
+                                                           hook=once("copy:restored", lambda: net.src.refuse(1.0))))
     [fault] = report.faults
-    assert fault["step"] == "copy" and fault["seconds"] >= 1.5, fault
+    assert fault["step"] == "copy" and fault["seconds"] >= 0.9, fault
     assert len(net.progress) >= 2 and all("waiting for it (up to 20s)" in str(p) for p in net.progress), net.progress
-    print(f"\nsource refused 2s in copy: {len(w.ids)} writes acknowledged, 0 lost, 0 twice, move {took:.1f}s, back after {fault['seconds']:.1f}s")
+    print(f"\nsource refused 1s in copy: {len(w.ids)} writes acknowledged, 0 lost, 0 twice, move {took:.1f}s, back after {fault['seconds']:.1f}s")
 
 
 def test_a_stalled_link_only_slows_the_move(net: Net) -> None:
@@ -261,6 +269,7 @@ def test_a_lost_connection_that_does_not_come_back_stops_the_move_resumable(net:
     print(f"\ngave up after {took:.1f}s (--fault-wait 0.5s), resumed: {len(w.ids)} writes acknowledged, 0 lost, 0 twice")
 
 
+@pytest.mark.sensitive  # 18 names the conflict, 15-17 see it fail again and again
 def test_an_apply_error_that_stays_fails_the_move_at_once(net: Net) -> None:
     """A row on the target that a replicated insert collides with: the apply worker fails on it again after every
     restart. Not a lost connection: the move fails within seconds (on 18 naming the unique constraint's conflict,

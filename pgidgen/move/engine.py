@@ -502,7 +502,13 @@ class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateSte
                     continue
                 self.rides.pop(step, None)
                 i += 1
-            self.journal.finish("done")
+            self.finishing = True
+            while self.rec.status != "done":
+                try:
+                    self.journal.finish("done")
+                except (psycopg.Error, PgidgenError) as e:
+                    if not self._ride(step, e):
+                        raise
         except CutoverAborted as e:
             self.journal.start("cutover" if self.opts.offline else "catchup")
             self.journal.fail("cutover", str(e))

@@ -18,14 +18,17 @@ from .context import MoveError
 
 #: SQLSTATEs of a connection that went away, or a server that will take connections again shortly.
 LOST_STATES = ("57P01", "57P02", "57P03")
-#: libpq's words for a lost or refused connection, as a client program (psql, pg_dump) prints them.
+#: libpq's words for a connection lost or not made on the way (not refused by the server): as a client program
+#: (psql, pg_dump) prints them, or a subscription's login reports them.
 LOST_WORDS = re.compile(
     r"server closed the connection unexpectedly|could not receive data from (server|WAL stream)|could not send data to server"
-    r"|connection to server .* failed|no connection to the server|the connection is (closed|lost)|connection (reset|refused|timed out)"
+    r"|no connection to the server|the connection is (closed|lost)|connection (reset|refused|timed out)|timeout expired"
     r"|terminating connection due to administrator command|the database system is (starting up|shutting down|in recovery mode)"
-    r"|SSL SYSCALL error|broken pipe|could not connect to the publisher",
+    r"|SSL SYSCALL error|broken pipe|no route to host|network is unreachable|could not translate host name",
     re.IGNORECASE,
 )
+#: A server's refusal that the next try meets again: not a lost connection, whatever the SQLSTATE.
+REFUSED_WORDS = re.compile(r"authentication failed|no pg_hba\.conf entry|does not exist|permission denied|password", re.IGNORECASE)
 
 
 class ConnectionLost(MoveError):
@@ -40,24 +43,32 @@ def lost(error: BaseException) -> str | None:
         if seen is None:
             return None
         if isinstance(seen, ConnectionLost):
-            return seen.what
+            return _short(seen.what)
         if isinstance(seen, psycopg.Error):
             return _lost_psycopg(seen)
-        if isinstance(seen, PgidgenError) and LOST_WORDS.search(seen.what):
-            return seen.what
+        if isinstance(seen, PgidgenError) and _lost_words(seen.what):
+            return _short(seen.what)
         seen = seen.__cause__ or seen.__context__
     return None
 
 
 def _lost_psycopg(e: psycopg.Error) -> str | None:
     state = e.sqlstate
-    if state is None:
-        if isinstance(e, psycopg.OperationalError):
-            return _one_line(e)
+    text = _one_line(e)
+    if REFUSED_WORDS.search(str(e)):
         return None
-    if state.startswith("08") or state in LOST_STATES:
-        return _one_line(e)
-    return None
+    if state is None:
+        return text if isinstance(e, psycopg.OperationalError) else None
+    return text if state.startswith("08") or state in LOST_STATES else None
+
+
+def _lost_words(text: str) -> bool:
+    return bool(LOST_WORDS.search(text)) and not REFUSED_WORDS.search(text)
+
+
+def _short(text: str) -> str:
+    """Without libpq's "This probably means the server terminated abnormally ..." (a message made one line)."""
+    return text.split(" This probably means")[0]
 
 
 def _one_line(e: BaseException) -> str:
@@ -66,7 +77,8 @@ def _one_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-def refusal_lost(sqlstate: str) -> bool:
-    """Whether a refusal of the subscription's login (check.subscribe_quietly) was the network's: class 08, or the
-    login's own timeout (57014)."""
-    return sqlstate.startswith("08") or sqlstate in LOST_STATES or sqlstate == "57014"
+def refusal_lost(sqlstate: str, message: str) -> bool:
+    """Whether a refusal of the subscription's login (check.subscribe_quietly) was the network's (class 08, in
+    libpq's words for a connection lost on the way); not a login the source refused, nor one that did not answer
+    within its bound (57014: a source that holds connections and never answers is not a blip)."""
+    return (sqlstate.startswith("08") or sqlstate in LOST_STATES) and _lost_words(message)

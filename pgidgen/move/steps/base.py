@@ -291,6 +291,7 @@ class MoverBase:
             self.pids["tgt"] = tgt.info.backend_pid
         self.rides: dict[str, tuple[float, int]] = {}  # per step not yet through: its first lost connection, and how many
         self.apply_watch: ApplyWatch | None = None  # the subscription's apply worker, from the first catch-up on
+        self.finishing = False  # the journal's last write (done) sent: a ride may find it went through
         self.snapshot: psycopg.Connection[Any] | None = None
         self.verification: Verification | None = None
         self.checking: Background[Verification] | None = None

@@ -31,7 +31,7 @@ class ReplicationSteps(MoverBase):
             conninfo = conninfo_for_subscription(self.opts.subscription_conninfo or self.config.dsn(self.ctx.source), self.admin)
             # a failed CREATE SUBSCRIPTION is logged with its text, which holds the password: run so that it is not
             failed = subscribe_quietly(self.tgt, q.subscription_sql(self.names, conninfo), keep=True, conninfo=conninfo)
-            if failed is not None and refusal_lost(failed.sqlstate):  # the network's, not the login's: waited for (steps/ride.py)
+            if failed is not None and refusal_lost(failed.sqlstate, failed.message):  # the network's, not the login's: waited for (steps/ride.py)
                 raise ConnectionLost(f"database {self.ctx.target} could not reach {self.ctx.source} to subscribe: {failed.message}")
             if failed is not None:
                 raise MoveError(

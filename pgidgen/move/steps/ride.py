@@ -64,7 +64,10 @@ class RideThrough(MoverBase):
                 fault = scrub(again)
         took = time.perf_counter() - now
         self.report.faults.append({"step": step, "lost": where, "error": fault, "seconds": round(took, 3)})
-        self.journal.log(step, "fault", {"lost": where, "error": fault, "seconds": round(took, 3), "resumes": self.rec.step})
+        try:
+            self.journal.log(step, "fault", {"lost": where, "error": fault, "seconds": round(took, 3), "resumes": self.rec.step})
+        except psycopg.Error:
+            pass  # lost again: the step's own first statement finds out
         self._waiting(None)
         return True
 
@@ -118,6 +121,9 @@ class RideThrough(MoverBase):
                 raise MoveError(f"another pgidgen took shard {busy} over while the connection to {self.ctx.source} was lost",
                                 where=self.ctx.source, hint="let it finish the move (see 'pgidgen map' and the journal, pgidgen.move_log)")
             rec = open_move(conn, self.ctx.shard)
+            if rec is None and self.finishing and conn.execute(
+                    "SELECT 1 FROM pgidgen.moves WHERE move_id = %s AND status = 'done'", (self.rec.move_id,)).fetchone():
+                rec = dataclasses.replace(self.rec, status="done", step="done")  # its last journal write went through
             if rec is None or rec.move_id != self.rec.move_id:
                 raise MoveError(f"move {self.rec.move_id} of {self.what} was finished or rolled back by another pgidgen while the connection"
                                 f" to {self.ctx.source} was lost", where=self.ctx.source, hint="see 'pgidgen map' and the journal (pgidgen.move_log)")
