@@ -381,8 +381,8 @@ def test_the_command_says_what_it_waits_for(net: Net, tmp_path: Path, monkeypatc
     path = tmp_path / "proxied.toml"
     write_config(path, net.config.layout, net.config.databases)
     run = CliRunner()
-    res = run.invoke(main, ["--config", str(path), "move-shard", "1", "db3", "--fault-wait", "100000"])
-    assert res.exit_code == 1 and res.output == "Error: --fault-wait must be from 0 to 86400s, not '100000': write it like 60s, or 0 for no wait\n", res.output
+    res = run.invoke(main, ["--config", str(path), "move-shard", "1", "db3", "--fault-wait=-5s"])
+    assert res.exit_code == 1 and res.output == "Error: --fault-wait must be 0 or more, not '-5s': write it like 60s, or 0 for no wait\n", res.output
     res = run.invoke(main, ["--config", str(path), "move-shard", "1", "--rollback", "--fault-wait", "5s"])
     assert res.exit_code == 1 and "--rollback moves nothing: --fault-wait would have no effect with it" in res.output, res.output
     monkeypatch.setenv("PGIDGEN_MOVE_STOP_AT", "catchup")  # the CLI's crash-test hook: a pause there, then on

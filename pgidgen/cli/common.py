@@ -124,10 +124,13 @@ def parse_duration(text: str, option: str = "--max-pause") -> float:
 def parse_wait(text: str, option: str) -> float:
     """parse_duration for a wait that may be none: '0' (or '0s', '0ms') is no wait at all."""
     try:
-        if float(text.strip().lower().removesuffix("ms").removesuffix("s")) == 0:
-            return 0.0
+        number = float(text.strip().lower().removesuffix("ms").removesuffix("s"))
     except ValueError:
-        pass
+        number = 1.0  # parse_duration says what is wrong with it
+    if number == 0:
+        return 0.0
+    if number < 0:
+        raise InputError(f"{option} must be 0 or more, not {text!r}", hint="write it like 60s, or 0 for no wait")
     return parse_duration(text, option)
 
 
