@@ -404,4 +404,5 @@ def test_the_command_says_what_it_waits_for(net: Net, tmp_path: Path, monkeypatc
     assert any(line.startswith("pgidgen: lost the connection to db1 and db3 during step catchup (") and line.endswith("; waiting for it (up to 20s)")
                for line in lines), res.output
     assert "pgidgen: connection back, going on" in lines and "moved shard 1 from db1 to db3 (online)" in res.output, res.output
+    assert any(re.fullmatch(r"rode through 1 lost connection: db1 and db3 in step catchup \([0-9.]+s\)", line) for line in lines), res.output
     assert leftovers(net.direct.databases) == []

@@ -3,7 +3,8 @@
 Policy across databases: every step is one transaction on one database (or a non-transactional replication
 command), in a fixed order, and the journal on the source says which step was last started. A step that runs
 again after a crash first looks at what is already there. Until the target goes active ("activate") the source
-copy is authoritative and a rollback loses nothing; after it, the only way is forward (resume).
+copy is authoritative and a rollback loses nothing; after it, the only way is forward (resume). A connection lost
+during a step is waited for (--fault-wait) and the step run again the same way, in this process (steps/ride.py).
 """
 from __future__ import annotations
 

@@ -128,6 +128,9 @@ class MoveReport:
                        f" are dropped; {self.target} did not answer: {self.left_on_target} are left there")
         elif self.status == "rolled_back":
             out.append(f"rolled back the move of {self.what} to {self.target}: {self.source} serves it as before; nothing is left on {self.target}")
+        if self.faults:
+            out.append(f"rode through {len(self.faults)} lost connection{'s' if len(self.faults) > 1 else ''}: "
+                       + "; ".join(f"{f['lost']} in step {f['step']} ({f['seconds']:.1f}s)" for f in self.faults))
         if self.verification is not None:
             v = self.verification
             out.append(f"verified {v.when}: {len(v.tables)} tables, {v.rows} rows: " + ("all match" if v.ok else "MISMATCH"))
