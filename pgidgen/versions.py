@@ -24,6 +24,9 @@ SINCE: dict[str, int] = {
     # CREATE SUBSCRIPTION wakes the logical replication launcher at once (before, the launcher starts workers at
     # most once per wal_retrieve_retry_interval, 5 s by default)
     "launcher_wakes_on_create": 18,
+    # pg_stat_subscription_stats counts the apply worker's conflicts by kind (confl_insert_exists, ...): a move
+    # names the unique constraint that stops its subscription instead of waiting for it to fail again
+    "subscription_conflict_stats": 18,
 }
 
 

@@ -153,18 +153,26 @@ def test_target_server_restarted_mid_move_then_resume(config: Config, pg_servers
         pytest.skip("needs a sandbox server it may restart")
     setup_shards(config, rows=50)
 
+    restarts: list[str] = []
+
     def restart(point: str) -> None:
-        if point == "catchup":
+        if point == "catchup" and len(restarts) < 2:  # once per move (a step waited for is run again)
+            restarts.append(point)
             sandbox.restart(target.server, mode="immediate")
 
-    with pytest.raises(MoveError, match="database error during step catchup"):
-        move_shard(config, 1, "db3", hook=restart)
+    with pytest.raises(MoveError, match=r"lost the connection to db3 during step catchup of the move of shard 1 \(--fault-wait 0: no wait\)"):
+        move_shard(config, 1, "db3", hook=restart, options=MoveOptions(fault_wait=0))
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
         c.execute("INSERT INTO shard_1.t (v) VALUES (-3)")  # written while the move is stopped: carried over on resume
     expected = rows_of(config.dsn("db1"), "shard_1")
     report = resume_move(config, 1)
     assert report.status == "done" and report.verification is not None and report.verification.ok
     assert rows_of(config.dsn("db3"), "shard_1") == expected
+    assert leftovers(config.databases) == []
+    # by default the move waits for the server to be back (--fault-wait) and goes on by itself
+    report = move_shard(config, 2, "db3", hook=restart)
+    assert len(restarts) == 2 and [f["step"] for f in report.faults] == ["catchup"], report.faults
+    assert report.status == "done" and report.verification is not None and report.verification.ok
     assert leftovers(config.databases) == []
 
 

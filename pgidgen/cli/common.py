@@ -121,6 +121,19 @@ def parse_duration(text: str, option: str = "--max-pause") -> float:
     return value
 
 
+def parse_wait(text: str, option: str) -> float:
+    """parse_duration for a wait that may be none: '0' (or '0s', '0ms') is no wait at all."""
+    try:
+        number = float(text.strip().lower().removesuffix("ms").removesuffix("s"))
+    except ValueError:
+        number = 1.0  # parse_duration says what is wrong with it
+    if number == 0:
+        return 0.0
+    if number < 0:
+        raise InputError(f"{option} must be 0 or more, not {text!r}", hint="write it like 60s, or 0 for no wait")
+    return parse_duration(text, option)
+
+
 def typed(ctx: click.Context, name: str) -> bool:
     """Whether the option was given on the command line (else its default: a resumed move keeps its journal's)."""
     return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE

@@ -13,7 +13,7 @@ from ..errors import InputError, PgidgenError
 from ..ranges import collapse
 from ..redact import scrub
 from ..sizes import human
-from .common import Bar, get_config, interactive, parse_duration, typed
+from .common import Bar, get_config, interactive, parse_duration, parse_wait, typed
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$", re.IGNORECASE)
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -152,12 +152,14 @@ def cleanup_cmd(ctx: click.Context, older_than: str | None, databases: str | Non
 @click.option("--by", type=click.Choice(["size", "count"]), default="size", show_default=True,
               help="Even out the bytes on disk (the shards' tables and indexes), or the number of shards.")
 @click.option("--drop-source", is_flag=True, help="Drop each source copy right after its verified move.")
+@click.option("--fault-wait", default="60s", show_default=True, metavar="DURATION",
+              help="How long each move waits for a lost connection (its own, or its subscription's) before it stops, resumable; 0: not at all.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (shards and bytes per database before and after; per source -> target pair its shards, bytes, batches, estimated pause and time), and change nothing.")
 @click.option("--verbose", is_flag=True, help="With --dry-run: every move and every batch too.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
 @click.pass_context
 def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_pause: str, offline: bool, by: str, drop_source: bool,
-                  dry_run: bool, verbose: bool, as_json: bool) -> None:
+                  fault_wait: str, dry_run: bool, verbose: bool, as_json: bool) -> None:
     """Move shards so every database holds an even share of bytes (or of shards), several moves at once."""
     from .. import move
     from ..move.rebalance import Interrupted, plan_batches_of, plan_rebalance, rebalance
@@ -165,7 +167,8 @@ def rebalance_cmd(ctx: click.Context, databases: str | None, parallel: int, max_
 
     config = get_config(ctx)
     names = config.select(databases)
-    opts = move.MoveOptions(max_pause=parse_duration(max_pause), offline=offline, drop_source=drop_source)
+    opts = move.MoveOptions(max_pause=parse_duration(max_pause), offline=offline, drop_source=drop_source,
+                            fault_wait=parse_wait(fault_wait, "--fault-wait"))
     if dry_run:
         plan = plan_rebalance(config, names, by=by)
         plan_batches_of(config, plan, parallel=parallel, options=opts)

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ..redact import scrub
-from .common import Bar, TakesNegatives, get_config, interactive, parse_duration, typed
+from .common import Bar, TakesNegatives, get_config, interactive, parse_duration, parse_wait, typed
 
 # -- move-shard ----------------------------------------------------------------------------------------
 
@@ -17,8 +17,14 @@ from .common import Bar, TakesNegatives, get_config, interactive, parse_duration
 class _CopyBar(Bar):
     """The copy's progress: rows against the source's row count, with bytes and replication lag in the label."""
 
+    waiting: str | None = None
+
     def show(self, p: Any) -> None:
-        if not self.enabled:
+        if p.waiting != self.waiting:  # a lost connection waited for, or back: a line of its own, bar or not
+            if p.waiting is not None or self.waiting is not None:
+                click.echo(("\n" if self._bar is not None else "") + f"pgidgen: {p.waiting or 'connection back, going on'}", err=True)
+            self.waiting = p.waiting
+        if not self.enabled or p.waiting is not None:
             return
         if self._bar is None and p.rows_total:
             self.start(p.rows_total)
@@ -41,11 +47,13 @@ class _CopyBar(Bar):
 @click.option("--drop-source", is_flag=True, help="Drop the source copy right after a verified move.")
 @click.option("--verify-in-pause", is_flag=True, help="Verify before the flip, inside the write pause (the pause then grows with the shard).")
 @click.option("--subscription-dsn", metavar="CONNINFO", help="How the target server reaches the source (default: the source's DSN from the config).")
+@click.option("--fault-wait", default="60s", show_default=True, metavar="DURATION",
+              help="How long a lost connection (pgidgen's own, or the subscription's) is waited for before the move stops, resumable; 0: not at all.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report, no progress bar.")
 @click.pass_context
 def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause: str, offline: bool, dry_run: bool, resume: bool,
                    rollback: bool, verify_only: bool, cleanup: bool, drop_source: bool, verify_in_pause: bool,
-                   subscription_dsn: str | None, as_json: bool) -> None:
+                   subscription_dsn: str | None, fault_wait: str, as_json: bool) -> None:
     """Move logical SHARDS (a number, or a set like 10-19,42) to TARGET_DB online (logical replication), verified
     and crash-safe. A set moves in batches: one replication stream and one write pause each. Ctrl-C lets the batch
     in flight finish (or roll back), starts no other, and prints the command that moves the rest."""
@@ -59,7 +67,7 @@ def move_shard_cmd(ctx: click.Context, shard: str, target: str | None, max_pause
     flags = {"--resume": resume, "--rollback": rollback, "--verify": verify_only, "--cleanup": cleanup}
     given = [f"--{n.replace('_', '-')}" for n in ctx.params if typed(ctx, n)]
     opts = move.MoveOptions(max_pause=parse_duration(max_pause), offline=offline, drop_source=drop_source, verify_in_pause=verify_in_pause,
-                            subscription_conninfo=subscription_dsn)
+                            subscription_conninfo=subscription_dsn, fault_wait=parse_wait(fault_wait, "--fault-wait"))
     request = MoveRequest.make(config, shard, target, modes=[m for m, on in flags.items() if on], options=opts, given=given, dry_run=dry_run)
     if dry_run:
         planned = plan(config, request)

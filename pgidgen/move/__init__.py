@@ -6,8 +6,9 @@
 - engine.py    the driver: checks, journal, the steps in order; resume and rollback; a set of shards in batches
 - batches.py   how a set of shards is cut into batches (estimated pause, lock table)
 - steps/       one module per phase: prepare, copy, replication (publication, subscription, catchup, teardown),
-               cutover, activate, identity, verify, rollback
+               cutover, activate, identity, verify, rollback; ride (a lost connection waited for, the step run again)
 - identity.py  tables without a primary key: the replica identity a move gives them, set and put back (lock retries)
+- faults.py    which errors are a lost connection (ridden through within --fault-wait), which are not
 - transfer.py  the rows: binary COPY streams at the slot's snapshot into one target transaction
 - verify.py    per-table row counts and checksums
 - cleanup.py   --verify afterwards, and --cleanup of the retired source copy

@@ -3,7 +3,8 @@
 Policy across databases: every step is one transaction on one database (or a non-transactional replication
 command), in a fixed order, and the journal on the source says which step was last started. A step that runs
 again after a crash first looks at what is already there. Until the target goes active ("activate") the source
-copy is authoritative and a rollback loses nothing; after it, the only way is forward (resume).
+copy is authoritative and a rollback loses nothing; after it, the only way is forward (resume). A connection lost
+during a step is waited for (--fault-wait) and the step run again the same way, in this process (steps/ride.py).
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ from .steps.cutover import CutoverSteps
 from .steps.identity import IdentitySteps
 from .steps.prepare import PrepareSteps, ensure_catalog
 from .steps.replication import ReplicationSteps, drop_slots, measure_skew, teardown
+from .steps.ride import RideThrough
 from .steps.rollback import RollbackStep
 from .steps.verify import VerifyStep
 from .transfer import COPY_SECTIONS, SchemaDump
@@ -216,6 +218,7 @@ def _move_batch(
         _close_opened(opening, src_for_check)
         raise
     tgt: psycopg.Connection[Any] | None = None
+    journal: Journal | None = None
     early: SchemaDump | None = None
     probing: Probe | None = None
     batch_checked: Background[None] | None = None
@@ -295,6 +298,8 @@ def _move_batch(
         early = None  # the mover's now
         return mover.run()
     finally:
+        if journal is not None and journal.conn is not admin:  # a ride connected again: the locks are that session's
+            release(journal.conn, shards[0])
         if probing is not None:
             probing.stop()
         if batch_checked is not None:
@@ -467,6 +472,8 @@ def resume_move(
         journal.log(journal.record.step, "resume", {})
         return Mover(config, ctxs, journal, opts, progress, hook).run(resumed=True)
     finally:
+        if journal.conn is not admin:  # a ride connected again: the locks are that session's
+            release(journal.conn, shard)
         release(admin, shard)
 
 
@@ -479,7 +486,7 @@ def rollback_move(config: Config, shard: int) -> MoveReport:
         release(admin, shard)
 
 
-class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateStep, VerifyStep, IdentitySteps, RollbackStep):
+class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateStep, VerifyStep, IdentitySteps, RollbackStep, RideThrough):
     """Walks the journal's steps from the one last started; each step_<name> lives in its phase's module."""
 
     def run(self, *, resumed: bool = False) -> MoveReport:
@@ -488,11 +495,28 @@ class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateSte
         self.resumed_step = self.rec.step if resumed else None
         step = self.rec.step
         try:
-            for step in steps[first:]:
-                self.journal.start(step)
-                self._point(step)
-                getattr(self, "step_" + step)()
-            self.journal.finish("done")
+            i = first
+            while i < len(steps):
+                step = steps[i]
+                try:
+                    self.journal.start(step)
+                    self._point(step)
+                    getattr(self, "step_" + step)()
+                except (psycopg.Error, PgidgenError) as e:
+                    if not self._ride(step, e):  # a lost connection: back, and the journal read again (steps/ride.py)
+                        raise
+                    i = steps.index(self.rec.step) if self.rec.step in steps else i
+                    self.resumed_step = self.rec.step
+                    continue
+                self.rides.pop(step, None)
+                i += 1
+            self.finishing = True
+            while self.rec.status != "done":
+                try:
+                    self.journal.finish("done")
+                except (psycopg.Error, PgidgenError) as e:
+                    if not self._ride(step, e):
+                        raise
         except CutoverAborted as e:
             self.journal.start("cutover" if self.opts.offline else "catchup")
             self.journal.fail("cutover", str(e))

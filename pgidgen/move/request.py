@@ -19,7 +19,7 @@ from .verify import Verification
 #: the modes that act on a move already made or begun, as the command line names them
 MODES = ("--resume", "--rollback", "--verify", "--cleanup")
 #: the options of a new move, which the modes that move nothing refuse (as their flags)
-MOVE_ONLY = ("--max-pause", "--offline", "--drop-source", "--verify-in-pause", "--subscription-dsn")
+MOVE_ONLY = ("--max-pause", "--offline", "--drop-source", "--verify-in-pause", "--subscription-dsn", "--fault-wait")
 
 
 @dataclass

@@ -8,4 +8,5 @@
 - activate.py     activate: the target serves the shard, its generator state carried over
 - verify.py       verify: the copies compared at the cutover point
 - rollback.py     rollback of a move not yet past activate
+- ride.py         a lost connection during any step: waited for (--fault-wait), the step run again as --resume would
 """

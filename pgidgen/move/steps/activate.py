@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
-from ...db import execute_script
+import psycopg
+
+from ...db import connect, execute_script
 from ...ddl.ledger import ledger_copy_sql_of
 from .. import sqltext as q
 from ..context import MoveError
@@ -19,13 +22,19 @@ class ActivateStep(MoverBase):
         if state != "incoming":
             raise MoveError(f"database {self.ctx.target} lost its copy of {self.what}", hint="see 'pgidgen map' and the journal (pgidgen.move_log)")
         shard = self.ctx.shard
-        if self.resumed_step in ("cutover", "activate") and getattr(self, "pause_started", None) is None and not self.opts.offline and self._sub_oid():
-            # The cutover's catch-up was in an earlier run: a target that restarted since may have lost applied
-            # changes (the apply worker commits asynchronously) and must apply them again before it serves.
+        rerun = getattr(self, "pause_started", None) is None or self.report.faults  # an earlier run's, or one a lost connection cut short
+        if self.resumed_step in ("cutover", "activate") and rerun and not self.opts.offline and self._sub_oid():
+            # The cutover's catch-up was in an earlier run (or before a lost connection, perhaps a restart): a target
+            # that restarted since may have lost applied changes (the apply worker commits asynchronously) and must
+            # apply them again before it serves.
             if not self._beat(time.perf_counter() + self.opts.catchup_timeout):
                 raise MoveError(f"database {self.ctx.target} has not applied all changes of {self.what} made before the flip",
                                 where=f"{self.ctx.target}'s subscription {self.names.subscription}",
                                 hint=f"see pg_stat_subscription and the target's server log, then --resume {shard}")
+        if self.snapshot is None and self.verification is None and self.checking is None:
+            # the cutover's snapshot was lost (with an interrupted run, or a connection: steps/ride.py); the source
+            # is retired and nobody serves the shard until this commits: the target as it stands is the cutover point
+            self.snapshot = self._target_snapshot()
         last_ids = {int(r[0]): int(r[1]) for r in self.admin.execute(
             "SELECT s, pgidgen.last_id(s) FROM pg_catalog.unnest(%s::int[]) s", (self.shards,))}
         seqs = self._sequence_values({c.shard: c.source_schema for c in self.ctxs})
@@ -53,6 +62,13 @@ class ActivateStep(MoverBase):
             parts = dict(self.pause_parts, read_ms=t_activate - started - sum(self.pause_parts.values()), activate_ms=done - t_activate)
             self.report.pause_parts = {k: round(v * 1000, 1) for k, v in parts.items()}
             self.journal.note("activate", pause_ms=round(self.report.pause_ms, 1), pause_parts=self.report.pause_parts)
+
+    def _target_snapshot(self) -> psycopg.Connection[Any]:
+        """A REPEATABLE READ snapshot of the target, held open on a connection of its own (for step_verify)."""
+        snap = connect(self.ctx.target, self.config.dsn(self.ctx.target))
+        snap.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        snap.execute("SELECT 1 FROM pgidgen.shards LIMIT 1")
+        return snap
 
     def _ledger(self) -> str:
         """The batch's DDL-ledger rows as SQL for the target (read before the pause: apply-ddl waits for moves)."""

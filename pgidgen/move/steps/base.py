@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
 
@@ -24,6 +24,9 @@ from ..journal import POINT_OF_NO_RETURN, Journal
 from ..transfer import SchemaDump
 from ..verify import Verification
 
+if TYPE_CHECKING:
+    from .replication import ApplyWatch
+
 Hook = Callable[[str], None]
 T = TypeVar("T")
 POLL = 0.002
@@ -38,6 +41,9 @@ class MoveOptions:
     drop_source: bool = False
     catchup_timeout: float = 600.0
     subscription_conninfo: str | None = None
+    #: how long a lost connection (pgidgen's own, or the subscription's) is waited for before the move gives up
+    #: (resumable); 0: at once
+    fault_wait: float = 60.0
     origin: str = "move-shard"  # or "rebalance": a rebalance run again finishes the moves it left unfinished
 
     def __post_init__(self) -> None:
@@ -52,6 +58,8 @@ class CopyProgress:
     rows_total: int
     bytes_copied: int
     lag_bytes: int | None
+    #: set while the move waits for a lost connection to come back: what it waits for
+    waiting: str | None = None
 
 
 #: A freeze that took longer than this (seconds) waited for locks: the schema is compared again in the pause.
@@ -82,6 +90,8 @@ class MoveReport:
     left_on_target: str | None = None
     #: tables whose replica identity the move set while it published them, put back after: table, was, during
     identities: list[dict[str, str]] = field(default_factory=list)
+    #: the lost connections the move rode through: step, what was lost, seconds until it went on
+    faults: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.shards = self.shards or [self.shard]
@@ -96,7 +106,7 @@ class MoveReport:
             "status": self.status, "pause_ms": self.pause_ms, "seconds": round(self.seconds, 3), "last_id": self.last_id,
             "clock_skew_ms": self.skew_ms, "retired_schema": self.retired_schema, "cutover_attempts": self.attempts,
             "retired_schemas": {str(k): v for k, v in sorted(self.retired_schemas.items())}, "bytes_copied": self.bytes_copied,
-            "pause_parts_ms": self.pause_parts, "notes": self.notes,
+            "pause_parts_ms": self.pause_parts, "notes": self.notes, "faults": self.faults,
         }
         if self.identities:
             out["replica_identities"] = self.identities
@@ -122,6 +132,9 @@ class MoveReport:
                        f" are dropped; {self.target} did not answer: {self.left_on_target} are left there")
         elif self.status == "rolled_back":
             out.append(f"rolled back the move of {self.what} to {self.target}: {self.source} serves it as before; nothing is left on {self.target}")
+        if self.faults:
+            out.append(f"rode through {len(self.faults)} lost connection{'s' if len(self.faults) > 1 else ''}: "
+                       + "; ".join(f"{f['lost']} in step {f['step']} ({f['seconds']:.1f}s)" for f in self.faults))
         if self.verification is not None:
             v = self.verification
             out.append(f"verified {v.when}: {len(v.tables)} tables, {v.rows} rows: " + ("all match" if v.ok else "MISMATCH"))
@@ -277,6 +290,15 @@ class MoverBase:
         self.names = q.Names(self.rec.token)
         self.admin = journal.conn  # source, autocommit, holds the move lock
         self._tgt: psycopg.Connection[Any] | None = tgt  # target, autocommit
+        #: per database, the server pids of this move's writing sessions (admin, target, the pause's) whose
+        #: connection was lost or replaced: a ride waits for them to end before it looks at what they committed
+        self.stale: dict[str, set[int]] = {}
+        self.pids: dict[str, int] = {"admin": self.admin.info.backend_pid}
+        if tgt is not None:
+            self.pids["tgt"] = tgt.info.backend_pid
+        self.rides: dict[str, tuple[float, int]] = {}  # per step not yet through: its first lost connection, and how many
+        self.apply_watch: ApplyWatch | None = None  # the subscription's apply worker, from the first catch-up on
+        self.finishing = False  # the journal's last write (done) sent: a ride may find it went through
         self.snapshot: psycopg.Connection[Any] | None = None
         self.verification: Verification | None = None
         self.checking: Background[Verification] | None = None
@@ -294,8 +316,16 @@ class MoverBase:
     @property
     def tgt(self) -> psycopg.Connection[Any]:
         if self._tgt is None or self._tgt.closed:
+            if self._tgt is not None:  # lost (closed by pgidgen only at the end): its session may linger
+                self.lost_session(self.ctx.target, self.pids.pop("tgt", 0))
             self._tgt = connect(self.ctx.target, self.config.dsn(self.ctx.target), autocommit=True)
+            self.pids["tgt"] = self._tgt.info.backend_pid
         return self._tgt
+
+    def lost_session(self, database: str, pid: int) -> None:
+        """A session of this move whose connection was lost: a ride waits for its end (steps/ride.py)."""
+        if pid:
+            self.stale.setdefault(database, set()).add(pid)
 
     def _close(self) -> None:
         if self.schema_dump is not None:
@@ -337,6 +367,12 @@ class MoverBase:
             return ahead.result()
         except PgidgenError:
             return None
+
+    def _waiting(self, what: str | None) -> None:
+        """Progress: what the move waits for (a lost connection to come back), or None once it goes on."""
+        if self.progress is not None:
+            n = sum(len(c.tables) for c in self.ctxs)
+            self.progress(CopyProgress(n, n, 0, 0, 0, None, waiting=what))
 
     def _point(self, name: str) -> None:
         if self.hook is not None:
@@ -437,6 +473,12 @@ class MoverBase:
         raise NotImplementedError
 
     def _partitioned(self, schema: str) -> list[str]:
+        raise NotImplementedError
+
+    def _tables_as_they_stand(self, conn: psycopg.Connection[Any], schemas: list[str], *, prepare: bool | None = None) -> dict[str, dict[str, tuple[str, bool]]]:
+        raise NotImplementedError
+
+    def _changed_tables(self, mine: dict[str, tuple[str, bool]], theirs: dict[str, tuple[str, bool]]) -> list[str]:
         raise NotImplementedError
 
     def _start_checking(self, snap: psycopg.Connection[Any]) -> None:

@@ -101,6 +101,7 @@ class CutoverSteps(MoverBase):
         else:
             src = connect(self.ctx.source, self.config.dsn(self.ctx.source))
             snap = connect(self.ctx.target, self.config.dsn(self.ctx.target))  # before the pause
+        src_pid = src.info.backend_pid  # a COMMIT lost with its connection may have committed: see steps/ride.py
         # the target's side, read before the pause, on a thread while the source's side is read (offline: no
         # items, post-data comes under the freeze)
         reading = Background(lambda: (self._tables_as_they_stand(self.tgt, schemas), schema_items_many(self.tgt, schemas) if not self.opts.offline else {}))
@@ -190,6 +191,7 @@ class CutoverSteps(MoverBase):
                 self.verification = v
             t_caught = time.perf_counter()
             execute_script(src, "".join(q.retire_sql(c.shard, c.schema, retired[c.shard], guarded[c.shard], self.ctx.target) for c in self.ctxs))
+            self.pause_started = t_start  # a COMMIT lost with its connection may have begun the flip (steps/ride.py)
             src.commit()
             committed = True
             t_retired = time.perf_counter()
@@ -199,6 +201,8 @@ class CutoverSteps(MoverBase):
                 c.source_schema = retired[c.shard]
             self.pause_started = t_start
         finally:
+            if src.broken:
+                self.lost_session(self.ctx.source, src_pid)
             if not committed and not src.closed:
                 src.rollback()
             src.close()

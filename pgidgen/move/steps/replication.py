@@ -10,8 +10,10 @@ import psycopg
 
 from ...check import conninfo_for_subscription, subscribe_quietly
 from ...db import execute_script
+from ...versions import has
 from .. import sqltext as q
 from ..context import MoveError
+from ..faults import ConnectionLost, refusal_lost
 from .base import POLL, CopyProgress, CutoverAborted, MoverBase
 
 
@@ -30,6 +32,8 @@ class ReplicationSteps(MoverBase):
             conninfo = conninfo_for_subscription(self.opts.subscription_conninfo or self.config.dsn(self.ctx.source), self.admin)
             # a failed CREATE SUBSCRIPTION is logged with its text, which holds the password: run so that it is not
             failed = subscribe_quietly(self.tgt, q.subscription_sql(self.names, conninfo), keep=True, conninfo=conninfo)
+            if failed is not None and refusal_lost(failed.sqlstate, failed.message):  # the network's, not the login's: waited for (steps/ride.py)
+                raise ConnectionLost(f"database {self.ctx.target} could not reach {self.ctx.source} to subscribe: {failed.message}")
             if failed is not None:
                 raise MoveError(
                     f"database {self.ctx.target} could not subscribe to {self.ctx.source}: {failed.message}",
@@ -39,6 +43,7 @@ class ReplicationSteps(MoverBase):
             row = self.tgt.execute("SELECT oid FROM pg_subscription WHERE subname = %s", (self.names.subscription,)).fetchone()
         assert row is not None
         self.journal.note("subscription", subscription_oid=int(row[0]))
+        self.apply_watch = ApplyWatch(self, int(row[0]))  # its failures counted from here on
 
     def _sub_oid(self) -> int | None:
         row = self.tgt.execute("SELECT oid FROM pg_subscription WHERE subname = %s", (self.names.subscription,)).fetchone()
@@ -68,10 +73,14 @@ class ReplicationSteps(MoverBase):
             time.sleep(POLL)
 
     def step_catchup(self) -> None:
-        """Wait until replication keeps up (a heartbeat arrives within half the pause budget); measure the skew."""
+        """Wait until replication keeps up (a heartbeat arrives within half the pause budget); measure the skew.
+        The apply worker's failures are watched (ApplyWatch): one that reconnects is waited for, one that stays
+        fails the move."""
         self._open_ahead()
         oid = self._sub_oid()
-        errors0 = self._errors(oid) if oid else 0
+        if oid is not None and (self.apply_watch is None or self.apply_watch.oid != oid):
+            self.apply_watch = ApplyWatch(self, oid)
+        watch = self.apply_watch
         # while the apply worker starts (10-20 ms): the clocks' skew, and the DDL ledger's rows the activation
         # copies (apply-ddl waits for moves: they are what they will be in the pause)
         self._measure_skew()
@@ -80,16 +89,50 @@ class ReplicationSteps(MoverBase):
         give_up = time.perf_counter() + self.opts.catchup_timeout
         while True:
             t = time.perf_counter()
-            if self._beat(min(give_up, t + max(self.opts.max_pause, 5.0))) and time.perf_counter() - t <= self.opts.max_pause / 2:
+            arrived = self._beat(min(give_up, t + max(self.opts.max_pause, 1.0)))
+            fast = arrived and time.perf_counter() - t <= self.opts.max_pause / 2
+            waiting = watch.look(arrived, t) if watch is not None and not fast else None
+            if arrived and watch is not None:
+                watch.applied()
+                waiting = None
+            if fast:
                 break
-            if oid and self._errors(oid) > errors0:
-                raise MoveError(f"applying changes of {self.what} on {self.ctx.target} failed", where=f"{self.ctx.target}'s server log",
-                                hint=f"fix the cause (see the log), then --resume {self.ctx.shard}, or --rollback {self.ctx.shard}")
             if time.perf_counter() > give_up:
                 raise CutoverAborted(f"replication did not catch up within {self.opts.catchup_timeout:.0f}s")
             if self.progress is not None:
                 ntables = sum(len(c.tables) for c in self.ctxs)
-                self.progress(CopyProgress(ntables, ntables, 0, 0, 0, self._lag()))
+                self.progress(CopyProgress(ntables, ntables, 0, 0, 0, self._lag(), waiting=waiting))
+
+    def _confirmed(self) -> int | None:
+        """The slot's confirmed_flush_lsn (what the target has applied) as a number."""
+        row = self.admin.execute("SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = %s", (self.names.slot,)).fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
+    def _conflicts(self, oid: int) -> dict[str, int]:
+        """PostgreSQL 18+: the apply worker's conflicts that stop it (ERROR_CONFLICTS), by kind."""
+        if not has(self.tgt, "subscription_conflict_stats"):
+            return {}
+        row = self.tgt.execute(f"SELECT {', '.join(ERROR_CONFLICTS)} FROM pg_stat_subscription_stats WHERE subid = %s", (oid,)).fetchone()
+        return {k: int(v or 0) for k, v in zip(ERROR_CONFLICTS, row or (), strict=False)}
+
+    def _apply_cause(self, conflicts0: dict[str, int]) -> None:
+        """A cause of the apply worker's failure that the catalogs show, raised at once: the tables changed on one
+        side (the worker misses a column), or (18+) a unique constraint on the target refuses a replicated row."""
+        schemas = [c.schema for c in self.ctxs]
+        mine, theirs = self._tables_as_they_stand(self.admin, schemas), self._tables_as_they_stand(self.tgt, schemas)
+        for schema in schemas:
+            changed = self._changed_tables(mine.get(schema, {}), theirs.get(schema, {}))
+            if changed:
+                raise MoveError(f"applying changes of {self.what} on {self.ctx.target} fails: the tables of {schema} changed during the move"
+                                f" ({'; '.join(changed)})", where=self.ctx.source,
+                                hint=f"nothing was flipped; roll back with --rollback {self.ctx.shard} and move again")
+        oid = self._sub_oid()
+        grown = {k: n - conflicts0.get(k, 0) for k, n in (self._conflicts(oid) if oid else {}).items() if n > conflicts0.get(k, 0)}
+        if grown:
+            kinds = ", ".join(f"{k.removeprefix('confl_')} {n}" for k, n in sorted(grown.items()))
+            raise MoveError(f"applying changes of {self.what} on {self.ctx.target} fails: a unique constraint there refuses a replicated row ({kinds})",
+                            where=f"{self.ctx.target}'s server log names the row",
+                            hint=f"remove what conflicts on {self.ctx.target} (nothing but the move should write there), then --resume {self.ctx.shard}, or --rollback {self.ctx.shard}")
 
     def _measure_skew(self) -> None:
         skew, unc = measure_skew(self.admin, self.tgt)
@@ -97,6 +140,71 @@ class ReplicationSteps(MoverBase):
 
     def step_teardown(self) -> None:
         teardown(self.admin, self.tgt, self.names, self.rec.detail.get("subscription_oid"))
+
+
+#: A subscription whose apply worker failed this many times with nothing applied in between fails for a reason
+#: that stays (a lost connection fails it once, and the worker reconnects and applies what waited).
+APPLY_REPEATS = 3
+#: PostgreSQL 18's conflicts that stop the apply worker (the others are logged and skipped).
+ERROR_CONFLICTS = ("confl_insert_exists", "confl_update_exists", "confl_multiple_unique_conflicts")
+
+
+class ApplyWatch:
+    """The subscription's apply worker between heartbeats that do not arrive. Its failures (apply_error_count on
+    the target) that reconnecting cures (the subscription's connection to the source lost: it fails once, the
+    launcher starts it again after wal_retrieve_retry_interval) are waited for, up to --fault-wait; a failure
+    whose cause the catalogs show fails the move at once (ReplicationSteps._apply_cause), and so does one that
+    comes back APPLY_REPEATS times with nothing applied in between (the slot's confirmed position did not move):
+    a permission, a constraint, anything that will fail the same way again."""
+
+    def __init__(self, mover: ReplicationSteps, oid: int) -> None:
+        self.mover, self.oid = mover, oid
+        self.errors = mover._errors(oid)
+        self.conflicts = mover._conflicts(oid)
+        self.streak = 0  # failures since something was last applied
+        self.confirmed: int | None = None  # the slot's position at the last failure
+        self.since: float | None = None  # the first failure not yet followed by a heartbeat
+        self.failures = 0
+
+    def look(self, arrived: bool, sent: float) -> str | None:
+        """After a heartbeat (written at sent) that did not arrive in time: what the move waits for (None: nothing
+        failed), or a MoveError. arrived: it came late, so the worker applies again (what failed is not failing now)."""
+        m = self.mover
+        errors = m._errors(self.oid)
+        if errors > self.errors:
+            new, self.errors = errors - self.errors, errors
+            m._apply_cause(self.conflicts)
+            confirmed = m._confirmed()
+            self.streak = new if self.confirmed is not None and confirmed != self.confirmed else self.streak + new
+            self.confirmed = confirmed
+            self.failures += new
+            if self.since is None:
+                self.since = sent  # the failure came after the last heartbeat that arrived
+            if self.streak >= APPLY_REPEATS and not arrived:
+                raise MoveError(f"applying changes of {m.what} on {m.ctx.target} fails again and again ({self.streak} times with nothing applied"
+                                " in between): not a lost connection", where=f"{m.ctx.target}'s server log names the error",
+                                hint=f"fix the cause, then --resume {m.ctx.shard}, or --rollback {m.ctx.shard}")
+        if self.since is None:
+            return None
+        waited = time.perf_counter() - self.since
+        if waited > m.opts.fault_wait:
+            raise MoveError(f"the subscription of {m.what} on {m.ctx.target} has applied nothing for {waited:.0f}s since its connection to"
+                            f" {m.ctx.source} was lost (--fault-wait {m.opts.fault_wait:g}s)", where=f"{m.ctx.target}'s server log",
+                            hint=f"see that {m.ctx.target}'s server reaches {m.ctx.source} (the subscription's connection string,"
+                                 f" --subscription-dsn), then --resume {m.ctx.shard}, or --rollback {m.ctx.shard}")
+        return (f"waiting for the subscription on {m.ctx.target} to reconnect to {m.ctx.source}"
+                f" (its apply worker failed {self.failures} time{'s' if self.failures > 1 else ''}, {waited:.0f}s ago)")
+
+    def applied(self) -> None:
+        """A heartbeat arrived: whatever failed is over (noted in the report when something had)."""
+        if self.since is not None:
+            took = time.perf_counter() - self.since
+            m = self.mover
+            m.report.faults.append({"step": "catchup", "lost": f"the subscription's connection to {m.ctx.source}",
+                                    "error": f"its apply worker failed {self.failures} time{'s' if self.failures > 1 else ''}", "seconds": round(took, 3)})
+            m.journal.log("catchup", "fault", {"lost": "subscription", "apply_errors": self.failures, "seconds": round(took, 3)})
+            m._waiting(None)
+        self.since, self.streak, self.failures, self.confirmed = None, 0, 0, None
 
 
 def teardown(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], names: q.Names, sub_oid: int | None) -> None:

@@ -55,7 +55,7 @@ class VerifyStep(MoverBase):
             self.snapshot.close()
         else:
             v = self._compare_all(self.admin, retired, self.tgt,
-                                  when="after a resume (the cutover snapshot died with the interrupted run; writes to the target since the flip show as differences)")
+                                  when="after a resume or a lost connection (the cutover snapshot died with it; writes to the target since the flip show as differences)")
         self.verification = v
         self.journal.note("verify", verified=v.ok)
         if not v.ok and self.snapshot is not None:
