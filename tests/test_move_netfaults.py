@@ -165,14 +165,16 @@ def test_pgidgens_own_connections_cut_at_every_step(net: Net) -> None:
         if point in POINTS and point not in done:
             done.append(point)
             net.src.cut()
-            if point not in ("teardown", "verify"):
+            if point not in ("teardown", "identity", "verify"):  # after the flip: see the docstring
                 net.tgt.cut()
             if point == "verify":  # and the journal's last write goes through, its answer lost
                 net.src.cut_after(b"finished_at")
 
     report, w, took = under_writer(net, lambda: move_shard(net.config, SHARD, "db3", options=net.options(), hook=hook, progress=net.seen))
     assert sorted(done) == sorted(POINTS)
-    steps = [p.split(":")[0] for p in POINTS] + ["verify"]
+    # the identity step has nothing to put back here (every table has its key) and so no statement to send: the cut
+    # made before it is found by the verification's first one
+    steps = [{"identity": "verify"}.get(s, s) for s in (p.split(":")[0] for p in POINTS)] + ["verify"]
     assert sorted(f["step"] for f in report.faults) == sorted(steps), report.faults
     assert any(e.startswith("sent b'finished_at'") for _, e in net.src.events), net.src.events
     assert report.verification is not None and report.verification.ok and report.verification.when == "at the cutover point", report.verification

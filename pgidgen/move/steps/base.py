@@ -25,7 +25,7 @@ from ..transfer import SchemaDump
 from ..verify import Verification
 
 if TYPE_CHECKING:
-    from .replication import ApplyWatch
+    from .applywatch import ApplyWatch
 
 Hook = Callable[[str], None]
 T = TypeVar("T")
