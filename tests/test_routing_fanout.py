@@ -161,8 +161,10 @@ def test_refusals_and_failures_name_the_database_and_shards(router: Router, rows
     assert str(caught.value).startswith('the fan-out failed on database db2, shards 5-6, at the statement: column "nope" does not exist [SQLSTATE 42703]')
     assert caught.value.database == "db2" and caught.value.shards == [5, 6] and caught.value.sqlstate == "42703"
     assert isinstance(caught.value.__cause__, psycopg.errors.UndefinedColumn)
-    with pytest.raises(QueryError, match="read-only transaction"):
-        router.fan_out("UPDATE items SET k = 9 RETURNING id")  # read_only: a write is the server's error
+    with pytest.raises(InputError, match=r"the statement is an UPDATE, and the fan-out is read-only: Router.fan_out\(\.\.\., read_only=False\)"):
+        router.fan_out("UPDATE items SET k = 9 RETURNING id")
+    with pytest.raises(QueryError, match="cannot execute nextval\\(\\) in a read-only transaction"):
+        router.fan_out("SELECT next_id()")  # a write by a function: the server's error
     assert router.fan_out("SELECT count(*) FROM items", combine="sum").scalar() == len(rows)  # the pools still work
 
 

@@ -60,12 +60,13 @@ claimed unit of work and its retries), router.py (the Router that puts them toge
 from __future__ import annotations
 
 from .asyncrouter import AsyncRouter
+from .fanmerge import FanOutResult
 from .keys import ShardKey, hashed, modulo, shard_of_id
 from .mapcache import Route, RoutingMap, build_routes, read_catalogs
-from .router import APPLICATION_NAME, Router, locate
+from .router import APPLICATION_NAME, Router, locate, query
 from .unit import MOVE_SYMPTOMS, NOT_SERVED
 
 __all__ = [
-    "APPLICATION_NAME", "AsyncRouter", "MOVE_SYMPTOMS", "NOT_SERVED", "Route", "Router", "RoutingMap", "ShardKey",
-    "build_routes", "hashed", "locate", "modulo", "read_catalogs", "shard_of_id",
+    "APPLICATION_NAME", "AsyncRouter", "FanOutResult", "MOVE_SYMPTOMS", "NOT_SERVED", "Route", "Router", "RoutingMap", "ShardKey",
+    "build_routes", "hashed", "locate", "modulo", "query", "read_catalogs", "shard_of_id",
 ]

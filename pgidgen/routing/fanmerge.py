@@ -37,6 +37,11 @@ class Stream:
         transformer.set_pgresult(result)
         self.columns = [(result.fname(i) or b"").decode(encoding) for i in range(result.nfields)]
 
+    def types(self) -> list[str]:
+        """The columns' PostgreSQL types, by name (the OID where psycopg does not know it)."""
+        known = self.transformer.adapters.types
+        return [getattr(known.get(oid), "name", str(oid)) for oid in (self.result.ftype(i) for i in range(self.result.nfields))]
+
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         load = self.transformer.load_row
         for i in range(self.result.ntuples):
@@ -83,18 +88,27 @@ def sort_key(columns: Sequence[str], order: Sequence[Order]) -> tuple[Callable[[
     return (lambda row: tuple(_Desc((row[i] is None, row[i])) if desc else (row[i] is None, row[i]) for i, desc in pairs)), False
 
 
-def parse_combine(combine: Combine, columns: Sequence[str]) -> list[str | None] | None:
-    """combine as given: one of COMBINES for every column, or one for each column (None: a column to group by)."""
+#: the types whose values sum adds up (as PostgreSQL's sum does)
+SUMMABLE = frozenset({"int2", "int4", "int8", "numeric", "float4", "float8", "money", "interval"})
+
+
+def parse_combine(combine: Combine, columns: Sequence[str], types: Sequence[str] | None = None) -> list[str | None] | None:
+    """combine as given: one of COMBINES for every column, or one for each column (None: a column to group by);
+    types, the columns' (fanmerge.Stream.types): sum only what adds up."""
     if combine is None:
         return None
     ops: list[str | None] = [combine] * len(columns) if isinstance(combine, str) else list(combine)
     if len(ops) != len(columns):
         raise InputError(f"combine names {len(ops)} operations for {len(columns)} columns ({', '.join(columns)})",
-                         hint="give one for each column: sum, min, max, or None for a column to group by")
+                         hint="give one for each column: sum, min, max, or None (on the command line: group) for a column to group by")
     for op in ops:
         if op is not None and op not in COMBINES:
             raise InputError(f"combine {op!r} is not one of {', '.join(COMBINES)}",
-                             hint="counts add up with sum; an average is sum/count of a sum and a count")
+                             hint="counts add up with sum; for an average, return a sum and a count, and divide")
+    for op, column, kind in zip(ops, columns, types or (), strict=False):
+        if op == "sum" and kind not in SUMMABLE:
+            raise InputError(f"combine 'sum' cannot add up {column}: its values are not numbers ({kind})",
+                             hint="combine numbers, and group by the others (group)")
     return ops
 
 

@@ -45,7 +45,20 @@ from ..idgen import schema_name
 from ..ranges import collapse
 from .claiming import _send
 from .fanmerge import Combine, FanOutResult, Stream, parse_combine
-from .fansql import CHUNK, CLAIM_SQL, CLAIM_TYPES, NAMES_SQL, Order, ShardNames, Template, chunk_sql, claim_params, parse_order, rewrite
+from .fansql import (
+    CHUNK,
+    CLAIM_SQL,
+    CLAIM_TYPES,
+    NAMES_SQL,
+    Order,
+    ShardNames,
+    Template,
+    chunk_sql,
+    claim_params,
+    claim_text,
+    parse_order,
+    rewrite,
+)
 from .mapcache import MapCache, RoutingMap
 from .nogil import pipeline_sync
 from .pools import Pools
@@ -87,6 +100,8 @@ class Spec:
         if combine is not None and with_shard:
             raise InputError("combine and with_shard do not go together: a combined row is every shard's",
                              hint="drop with_shard, or combine yourself by the shard column")
+        if combine is not None:
+            parse_combine(combine, [""] * (1 if isinstance(combine, str) else len(combine)))  # the names now, the count with the columns
         return cls(query, params, parse_order(order_by), limit, read_only, with_shard, combine, partial)
 
 
@@ -198,6 +213,36 @@ class FanOut:
 
     # -- what a database is sent ---------------------------------------------------------------------------
 
+    def render(self, spec: Spec, shards: Iterable[int] | None) -> dict[str, list[str]]:
+        """The rendering twin of run(): per database, the SQL it would be sent now (its parameters as literals),
+        one line a statement; nothing of the statement runs (the shard schemas' names are read)."""
+        m = self.maps.get()
+        rounds = Rounds(self, spec, shards, m)
+        by_database = rounds.plan(m)
+        if rounds.down:
+            raise rounds._missing()[0]
+        if rounds.waiting:
+            raise rounds.unavailable or ShardUnavailableError(f"no database serves shards {collapse(rounds.waiting)} right now")
+        begin = (BEGIN_READ if spec.read_only else BEGIN).decode()
+        out: dict[str, list[str]] = {}
+        for name, part in by_database.items():
+            with self.pools.connection(name) as conn:
+                text = psycopg.ClientCursor(conn).mogrify(spec.query, spec.params) if spec.params is not None else spec.query
+                if isinstance(text, sql.Composable):
+                    text = text.as_string(conn)
+                elif isinstance(text, bytes):
+                    text = text.decode(conn.info.encoding)
+                template = rewrite(text, conn.wait(names_gen(self, conn, part[0])))
+            template.check(spec.read_only)
+            lines = out[name] = []
+            pushed = spec.combine is None
+            for i in range(0, len(part), CHUNK):
+                chunk = part[i:i + CHUNK]
+                lines += [f"{begin};", f"{claim_text(chunk, self.search_path, not spec.read_only)};",
+                          chunk_sql(template, chunk, order=spec.order if pushed else (), limit=spec.limit if pushed else None,
+                                    with_shard=spec.with_shard) + ";", "COMMIT;"]
+        return out
+
     def cached(self, text: bytes) -> Template | None:
         with self._lock:
             template = self._templates.get(text)
@@ -224,14 +269,9 @@ def read_gen(fan: FanOut, conn: Any, name: str, shards: list[int], spec: Spec, s
     pgq.convert(spec.query, spec.params)
     template = fan.cached(pgq.query)
     if template is None:
-        names = fan._names
-        if names is None:
-            text = sql.SQL(NAMES_SQL).format(schema=sql.Literal(schema_name(shards[0]))).as_bytes(None)
-            res = yield from conn._exec_command(text)
-            names = fan._names = ShardNames.from_rows(
-                (res.get_value(i, 0).decode(encoding), res.get_value(i, 1).decode(encoding)) for i in range(res.ntuples))
-        template = rewrite(pgq.query.decode(encoding), names)
+        template = rewrite(pgq.query.decode(encoding), (yield from names_gen(fan, conn, shards[0])))
         fan.keep(pgq.query, template)
+    template.check(spec.read_only)
     chunks = [shards[i:i + CHUNK] for i in range(0, len(shards), CHUNK)]
     pushed = spec.combine is None  # a combine's order and limit are the combined rows'
     order, limit = (spec.order, spec.limit) if pushed else ((), None)
@@ -277,6 +317,17 @@ def read_gen(fan: FanOut, conn: Any, name: str, shards: list[int], spec: Spec, s
                 out.error = _failed(fan, name, chunk, err, "statement", spec.read_only)
                 return out
     return out
+
+
+def names_gen(fan: FanOut, conn: Any, shard: int) -> Generator[Any, Any, ShardNames]:
+    """The names the shard schemas hold, read from shard's (a shard conn's database serves) unless known."""
+    names = fan._names
+    if names is None:
+        encoding = conn.info.encoding
+        res = yield from conn._exec_command(sql.SQL(NAMES_SQL).format(schema=sql.Literal(schema_name(shard))).as_bytes(conn))
+        names = fan._names = ShardNames.from_rows(
+            (res.get_value(i, 0).decode(encoding), res.get_value(i, 1).decode(encoding)) for i in range(res.ntuples))
+    return names
 
 
 def _failed(fan: FanOut, name: str, chunk: Sequence[int], err: psycopg.Error, status: str, read_only: bool) -> PgidgenError:
@@ -389,9 +440,8 @@ class Rounds:
                 self.waiting.append(s)
                 self.unavailable = ex
                 continue
-            except DatabaseUnavailableError as ex:  # not served by any database that answers: the one down has it
-                self.down.setdefault(ex.database, (ex, []))[1].append(s)
-                continue
+            except DatabaseUnavailableError as ex:  # served by no database that answers: the one down has it, most likely,
+                database = ex.database  # and reading there says why it is down (or reads it, if it is back)
             if self.refused.get(s) == database:  # the map has not caught up with the move yet
                 self.waiting.append(s)
                 continue
@@ -459,7 +509,7 @@ class Rounds:
         spec = self.spec
         first = self.streams[0] if self.streams else None
         columns = first.columns if first is not None else []
-        combine = parse_combine(spec.combine, columns) if spec.combine is not None and first is not None else None
+        combine = parse_combine(spec.combine, columns, first.types()) if spec.combine is not None and first is not None else None
         missing = {s for _, shards in self.down.values() for s in shards}
         return FanOutResult(self.streams, columns, [s for s in self.asked if s not in missing], order=spec.order if first else (),
                             limit=spec.limit, combine=combine, missing=self._missing())

@@ -110,6 +110,13 @@ class Template:
     writes: bool
     #: it returns rows (a SELECT; a write with RETURNING)
     returns: bool
+    #: SELECT, INSERT, UPDATE, DELETE or MERGE
+    kind: str = "SELECT"
+
+    def check(self, read_only: bool) -> None:
+        if self.writes and read_only:
+            raise InputError(f"the statement is an {self.kind}, and the fan-out is read-only",
+                             hint="Router.fan_out(..., read_only=False) writes to every shard (pgidgen query only reads)")
 
     def for_shard(self, shard: int) -> str:
         return sql.Identifier(schema_name(shard)).as_string(None).join(self.pieces)
@@ -176,7 +183,7 @@ def rewrite(text: str, names: ShardNames) -> Template:
                          hint="simplify it, or run it on each shard by Router.run") from None
     writes = kind in _WRITES
     returns = not writes or bool(getattr(stmt, "returningList", None) or getattr(stmt, "returningClause", None))
-    return Template(tuple(out.split(placeholder)), writes, returns)
+    return Template(tuple(out.split(placeholder)), writes, returns, _WRITES.get(kind, "SELECT"))
 
 
 def _order_sql(order: Sequence[Order]) -> str:

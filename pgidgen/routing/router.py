@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import psycopg
@@ -221,6 +222,24 @@ class Router:
                          combine=combine, partial=partial)
         return self.fanout.run(spec, shards)
 
+    def fan_out_sql(
+        self,
+        query: Any,
+        params: Any = None,
+        *,
+        shards: Iterable[int] | None = None,
+        order_by: str | Sequence[str] | None = None,
+        limit: int | None = None,
+        combine: Combine = None,
+        read_only: bool = True,
+        with_shard: bool = False,
+    ) -> dict[str, list[str]]:
+        """The rendering twin of fan_out: per database, the SQL fan_out would send it now (one statement a line,
+        parameters as literals: BEGIN, the chunk's claims, its statement, COMMIT, per chunk of shards). Runs none
+        of it; reads the map and the shard schemas' names."""
+        spec = Spec.make(query, params, order_by=order_by, limit=limit, read_only=read_only, with_shard=with_shard, combine=combine)
+        return self.fanout.render(spec, shards)
+
     def search_path_for(self, shard: int) -> str:
         """The search_path value set for shard's transactions: its schema, then the extra ones (quoted)."""
         return self.units.search_path_for(shard)
@@ -256,4 +275,20 @@ def locate(config: Config, *, keys: Sequence[int] = (), ids: Sequence[int] = (),
         return out
 
 
-__all__ = ["APPLICATION_NAME", "Router", "locate"]
+def admin(config: Config) -> Config:
+    """config with every database's admin_dsn where the application's would be: a Router of pgidgen's own
+    commands connects directly, not through a pooler."""
+    return replace(config, app_dsns={}, poolers={}, pooler_prepares=frozenset(), app_unset={})
+
+
+def query(config: Config, statement: str, *, sql_only: bool = False, **options: Any) -> FanOutResult | dict[str, list[str]]:
+    """`pgidgen query`: Router.fan_out of statement through the admin connections (options: fan_out's), or with
+    sql_only its rendering twin's SQL per database."""
+    with Router(admin(config), listen=False, min_size=0) as router:
+        if sql_only:
+            options.pop("partial", None)
+            return router.fan_out_sql(statement, **options)
+        return router.fan_out(statement, **options)
+
+
+__all__ = ["APPLICATION_NAME", "Router", "admin", "locate", "query"]
