@@ -50,10 +50,16 @@ NAMES_SQL = (
     " UNION ALL SELECT 't', t.typname FROM pg_catalog.pg_type t, n WHERE t.typnamespace = n.oid"
 )
 #: each chunk's claim: the search_path of its statement (the Router's other schemas: a name the shard's schema
-#: lacks resolves there, as in Router.run), and pgidgen.claim_shard(N, for_write) of every shard of the chunk
+#: lacks resolves there, as in Router.run), and pgidgen.claim_shard(N, for_write) of shards $1: of every one for a
+#: write (its claim lock); for a read, of those whose row here is not 'active' or 'moving', which claim_shard refuses
+#: (PGR01), as it would refuse them in a read claim of each (which reads that row and takes no lock) — a read claim
+#: of each cost 10 us a shard, a plpgsql call with its own search_path; the join, 2 us
 CLAIM_SQL = (
     b"SELECT pg_catalog.set_config('search_path', $2, true),"
-    b" (SELECT pg_catalog.count(pgidgen.claim_shard(s, $3)) FROM pg_catalog.unnest($1::pg_catalog.int4[]) AS s)"
+    b" (SELECT pg_catalog.count(pgidgen.claim_shard(a.s, $3)) FROM pg_catalog.unnest($1::pg_catalog.int4[]) AS a(s)"
+    b" LEFT JOIN pgidgen.shards AS t ON t.shard OPERATOR(pg_catalog.=) a.s"
+    b" AND t.state OPERATOR(pg_catalog.=) ANY ('{active,moving}'::pg_catalog.text[])"
+    b" WHERE $3 OR t.shard IS NULL)"
 )
 CLAIM_TYPES = (1007, 25, 16)  # int4[], text, bool
 _WRITES = {"InsertStmt": "INSERT", "UpdateStmt": "UPDATE", "DeleteStmt": "DELETE", "MergeStmt": "MERGE"}
