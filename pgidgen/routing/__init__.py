@@ -55,7 +55,10 @@ The package, a part per concern: keys.py (keys and IDs to shards), mapcache.py (
 polling), pools.py (the connection policy, e.g. behind PgBouncer, and the pools), breaker.py (a database that
 cannot be connected to: its calls fail at once, not as a move's are retried), claiming.py (the pools'
 connection class), ending.py (the statements that would end a unit's transaction, refused), unit.py (the
-claimed unit of work and its retries), router.py (the Router that puts them together).
+claimed unit of work and its retries), router.py (the Router that puts them together), fanout.py (one statement on
+every shard, a round trip per database: the same claim, read for all of a database's shards at once, the argument
+for moves in its docstring), fansql.py (that statement qualified for each shard, under UNION ALL), fanmerge.py (the
+shards' rows merged, or combined).
 """
 from __future__ import annotations
 
