@@ -1,6 +1,8 @@
 """One error root; the CLI turns every PgidgenError into a one-line message and exit status 1."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class PgidgenError(Exception):
     """Something the user can fix: the message says what is wrong and what to do."""
@@ -77,8 +79,21 @@ class ShardUnavailableError(RoutingError):
 class DatabaseUnavailableError(RoutingError):
     """The database serving a shard cannot be connected to: its server is down or unreachable. Not a move, so not
     retried: the Router fails the calls for that database at once while it stays down (its breaker), and lets one
-    through now and then to notice it is back."""
+    through now and then to notice it is back. shards: those a fan-out could not read there."""
 
-    def __init__(self, what: str, *, database: str, where: str | None = None, hint: str | None = None) -> None:
+    def __init__(self, what: str, *, database: str, shards: Sequence[int] = (), where: str | None = None, hint: str | None = None) -> None:
         self.database = database
+        self.shards = list(shards)
+        super().__init__(what, where=where, hint=hint)
+
+
+class QueryError(DatabaseError):
+    """A fan-out's statement failed on a database: the database and the shards it ran for are named; the psycopg
+    error is its __cause__, and its SQLSTATE .sqlstate."""
+
+    def __init__(self, what: str, *, database: str, shards: Sequence[int], sqlstate: str | None = None, where: str | None = None,
+                 hint: str | None = None) -> None:
+        self.database = database
+        self.shards = list(shards)
+        self.sqlstate = sqlstate
         super().__init__(what, where=where, hint=hint)

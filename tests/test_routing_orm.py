@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy import func, select
 from test_example import photos
 from test_routing import hand_move
 
@@ -107,6 +108,11 @@ def test_shipped_sqlalchemy_snippet(tables: Config) -> None:
         assert rows_on(tables, "db3", f"shard_{shard}") == [(photo_id, "shipped"), (moved_id, "after the move")]
         assert len(rows_on(tables, "db2", retired)) == 1
         assert ns["get_photo"](moved_id).caption == "after the move"
+        # every shard at once: the snippet as written, after the move
+        (fan_block, _) = shipped("Every shard at once")
+        every = {**ns, "select": select, "func": func}
+        run(fan_block, every)
+        assert [p.id for p in every["newest"]] == [moved_id, photo_id] and every["total"] == 2
     finally:
         if "sharding" in ns:
             ns["sharding"].dispose()

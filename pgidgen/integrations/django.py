@@ -16,7 +16,7 @@ database the shard has left, and without the shard's schema on search_path."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -28,9 +28,10 @@ from psycopg.pq import TransactionStatus
 
 from ..config import Config, load_config
 from ..db import timeout_for
-from ..errors import RoutingError
+from ..errors import DatabaseUnavailableError, InputError, RoutingError
 from ..routing import Router
 from ..routing.breaker import CONNECT_TIMEOUT
+from ..routing.fanmerge import Combine
 from ..routing.unit import aborted
 from .retrying import failed_error, retry
 
@@ -211,4 +212,91 @@ class ShardRouter:
         return None
 
 
-__all__ = ["ShardRouter", "current_shard", "databases", "get_router", "run_on_shard", "shard_atomic", "use_router"]
+class FanOutList(list):  # type: ignore[type-arg]
+    """fan_out's rows; missing: the DatabaseUnavailableErrors of the databases not read (partial=True)."""
+
+    missing: list[DatabaseUnavailableError]
+
+
+def fan_out(queryset: Any, *, shards: Iterable[int] | None = None, combine: Combine = None, partial: bool = False) -> FanOutList:
+    """A sharded model's queryset on every shard (or shards), by Router.fan_out: one round trip a database, the
+    databases in parallel, the rows merged by the queryset's order_by (or the model's ordering) and cut at its
+    slice ([:50]). Model instances (each on the alias of its shard's database, as a shard block would give it),
+    dicts for values(), tuples for values_list() (flat: values). Read-only, outside any shard block.
+
+    A queryset that groups or aggregates (values(...).annotate(n=Count(...)), distinct()) returns a row a shard (a
+    group a shard): give combine as for Router.fan_out, one per column, to add them up. Not for: select_related,
+    prefetch, only/defer, extra, an offset ([10:20]: page by the order key instead, id__lt=last_seen), ordering by
+    anything but the model's fields and annotations."""
+    from django.db.models.query import FlatValuesListIterable, ModelIterable, ValuesIterable, ValuesListIterable
+
+    query = queryset.query
+    iterable = queryset._iterable_class
+    if iterable is ModelIterable and (query.select_related or query.deferred_loading[0] or queryset._prefetch_related_lookups):
+        raise InputError("a fan-out of model instances takes every field of one model",
+                         hint="drop select_related, prefetch_related, only and defer (or use values())")
+    if iterable not in (ModelIterable, ValuesIterable, ValuesListIterable, FlatValuesListIterable) or query.extra:
+        raise InputError("this queryset cannot be fanned out", hint="use a model's queryset, values() or values_list()")
+    if query.low_mark:
+        raise InputError("an offset cannot be fanned out: each shard would skip its own first rows",
+                         hint="page by the order key instead (id__lt=the last ID seen)")
+    router = get_router()
+    alias = router.config.select(None)[0]
+    compiler = query.get_compiler(using=alias)
+    text, params = compiler.as_sql()
+    names = [alias_ or getattr(getattr(col, "target", None), "column", None) or f"column{i}" for i, (col, _, alias_) in enumerate(compiler.select)]
+    grouped = bool(query.group_by or query.distinct or any(getattr(a, "contains_aggregate", False) for a in query.annotations.values()))
+    if grouped and combine is None:
+        raise InputError("the queryset groups or aggregates: each shard returns its own groups",
+                         hint="give combine, one for each column (None for the columns grouped by), e.g. (None, 'sum')")
+    order = [_column(queryset.model, names, name) for name in (query.order_by or (query.default_ordering and queryset.model._meta.ordering) or ())]
+    limit = None if query.high_mark is None else query.high_mark - query.low_mark
+    res = router.fan_out(text, params, shards=shards, order_by=order or None, limit=limit, combine=combine,
+                         with_shard=combine is None, partial=partial)
+    rows = list(res)
+    if combine is None:
+        shard_of, rows = [r[0] for r in rows], [r[1:] for r in rows]
+    if iterable is ModelIterable:
+        model = queryset.model
+        fields = compiler.klass_info["select_fields"] if compiler.klass_info else list(range(len(names)))
+        attnames = [compiler.select[i][0].target.attname for i in fields]
+        annotations = compiler.annotation_col_map or {}
+        out: list[Any] = []
+        for shard, row in zip(shard_of, rows, strict=True):
+            obj = model.from_db(router.database_for(shard), attnames, [row[i] for i in fields])
+            for attr, i in annotations.items():
+                setattr(obj, attr, row[i])
+            out.append(obj)
+    elif iterable is ValuesIterable:
+        keys = [*query.extra_select, *query.values_select, *query.annotation_select]
+        out = [dict(zip(keys, row, strict=True)) for row in rows]
+    elif iterable is FlatValuesListIterable:
+        out = [row[0] for row in rows]
+    else:
+        out = [tuple(row) for row in rows]
+    result = FanOutList(out)
+    result.missing = res.missing
+    return result
+
+
+def _column(model: Any, names: list[str], name: Any) -> str:
+    """An order_by item of a queryset ("-created_at", "pk", an annotation) as fan_out's: the output column's name."""
+    if not isinstance(name, str):
+        name = str(name)  # an expression: not an output column
+    desc = name.startswith("-")
+    field = name.lstrip("-+")
+    if field == "pk":
+        field = model._meta.pk.name
+    column = field if field in names else None
+    if column is None:
+        try:
+            column = model._meta.get_field(field).column
+        except Exception:  # noqa: BLE001 - Django's FieldDoesNotExist, or a lookup through a relation
+            column = None
+    if column is None or column not in names:
+        raise InputError(f"the queryset is ordered by {name}, which a fan-out cannot merge by",
+                         hint="order by the model's own fields or annotations that the queryset selects")
+    return f"-{column}" if desc else column
+
+
+__all__ = ["FanOutList", "ShardRouter", "current_shard", "databases", "fan_out", "get_router", "run_on_shard", "shard_atomic", "use_router"]

@@ -8,10 +8,16 @@ Shard N's bind is its database's engine (Router.database_for) with schema_transl
 engine of its own to the session, so every shard gets its own connection and transaction, and that transaction
 starts with pgidgen.claim_shard(N) (search_path is set as well, for text() SQL). Binds are chosen again from the
 map at the start of every session transaction, so a session follows moves from one transaction to the next;
-Sharding.run runs a unit of work again when a move refused it (nothing was written)."""
+Sharding.run runs a unit of work again when a move refused it (nothing was written).
+
+A SELECT in a session with no shard that names none runs on every shard, by Router.fan_out (fan_out_execute below):
+one round trip a database, the rows merged by its ORDER BY and cut at its LIMIT, the objects loaded as from any
+query, read-only."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import Any, TypeVar
 
 import psycopg
@@ -21,12 +27,15 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.horizontal_shard import ShardedSession
 from sqlalchemy.orm import Mapper, ORMExecuteState, SessionTransaction
+from sqlalchemy.sql import Select, operators, visitors
+from sqlalchemy.sql.elements import ClauseElement, UnaryExpression
+from sqlalchemy.sql.functions import FunctionElement
 
 from ..config import Config
 from ..db import timeout_for
 from ..errors import InputError, RoutingError
 from ..idgen import schema_name
-from ..routing import APPLICATION_NAME, Router
+from ..routing import APPLICATION_NAME, FanOutResult, Router
 from ..routing.breaker import CONNECT_TIMEOUT
 from ..routing.pools import Policy, policy_for
 from ..routing.unit import aborted
@@ -68,11 +77,13 @@ class ShardSession(ShardedSession):
     """A ShardedSession over pgidgen's map. shard: where new objects without an ID go and where queries run that
     name no shard (set_shard_id("N") names one); objects with an ID go to the shard in its bits."""
 
-    def __init__(self, router: Router, engines: dict[str, Engine], *, shard: int | None = None, read_only: bool = False, **options: Any) -> None:
+    def __init__(self, router: Router, engines: dict[str, Engine], *, shard: int | None = None, read_only: bool = False,
+                 fan_out: Engine | None = None, **options: Any) -> None:
         super().__init__(shard_chooser=self.shard_chooser, identity_chooser=self.identity_chooser,
                          execute_chooser=self.execute_chooser, **options)
         self.router = router
         self.engines = engines
+        self.fan_out = fan_out
         self.shard = shard
         self.read_only = read_only
         self._bound: set[str] = set()
@@ -94,7 +105,18 @@ class ShardSession(ShardedSession):
         return [self._bind(self._default() if shard is None else shard)]
 
     def execute_chooser(self, orm_context: ORMExecuteState) -> Iterable[str]:
+        """The session's shard; with none, a SELECT goes to every shard at once (the fan-out engine's bind)."""
+        if self.shard is None and self.fan_out is not None and orm_context.is_select:
+            return [self.execute_chooser_fan_out()]
         return [self._bind(self._default())]
+
+    def execute_chooser_fan_out(self) -> str:
+        """The fan-out engine's bind (what a SELECT naming no shard, and the objects it loaded, go to)."""
+        if FAN_OUT not in self._bound:
+            assert self.fan_out is not None
+            self.bind_shard(FAN_OUT, self.fan_out)
+            self._bound.add(FAN_OUT)
+        return FAN_OUT
 
     def get(self, entity: Any, ident: Any, **kw: Any) -> Any:
         """By ID alone: the shard is in the ID's bits (without this, a miss would query the session's shard)."""
@@ -118,7 +140,9 @@ class ShardSession(ShardedSession):
     # -- binds and claims -------------------------------------------------------------------------
 
     def get_bind(self, mapper: Any = None, *, shard_id: str | None = None, **kw: Any) -> Any:
-        if shard_id is not None:
+        if shard_id == FAN_OUT and self.fan_out is not None:
+            self.execute_chooser_fan_out()
+        elif shard_id is not None:
             self._bind(int(shard_id))
         return super().get_bind(mapper, shard_id=shard_id, **kw)
 
@@ -188,12 +212,14 @@ class Sharding:
         self.router = router
         self.engines = engines if engines is not None else create_engines(
             router.config, connect_timeout=router.pools.connect_timeout, **engine_options)
+        self.fan_out = fan_out_engine(router, connect_timeout=router.pools.connect_timeout)
 
     def session(self, shard: int | None = None, *, read_only: bool = False, **options: Any) -> ShardSession:
-        """A session whose new objects and unnamed queries go to shard. expire_on_commit is off by default: the
-        objects a unit of work returns are read after it committed."""
+        """A session whose new objects and unnamed queries go to shard; with shard=None, a SELECT that names no
+        shard runs on every shard (Router.fan_out), merged by its ORDER BY, cut at its LIMIT. expire_on_commit is off
+        by default: the objects a unit of work returns are read after it committed."""
         options.setdefault("expire_on_commit", False)
-        return ShardSession(self.router, self.engines, shard=shard, read_only=read_only, **options)
+        return ShardSession(self.router, self.engines, shard=shard, read_only=read_only, fan_out=self.fan_out, **options)
 
     def run(self, shard: int, work: Callable[[ShardSession], T], *, read_only: bool = False, retry_for: float = 10.0) -> T:
         """work(session) in one transaction of a new session on shard, run again on the shard's new database when
@@ -215,8 +241,109 @@ class Sharding:
         return retry(self.router, shard, attempt, retry_for=retry_for)
 
     def dispose(self) -> None:
-        for engine in self.engines.values():
+        for engine in (*self.engines.values(), self.fan_out):
             engine.dispose()
 
 
-__all__ = ["DATABASE_OPTION", "SHARD_OPTION", "ShardSession", "Sharding", "create_engines"]
+# -- every shard at once ----------------------------------------------------------------------------------
+
+#: the shard id of the fan-out engine's bind, and the identity token of what it loads
+FAN_OUT = "fan_out"
+#: execution option: how to combine the shards' rows of a query that groups or aggregates (Router.fan_out's combine)
+COMBINE_OPTION = "pgidgen_combine"
+
+
+class FanOutCursor(psycopg.Cursor[Any]):
+    """The fan-out engine's cursor: a psycopg cursor that, once given a fan-out's result (fan_out_execute), reads
+    its merged rows as if the statement had run on it."""
+
+    _merged: Iterator[tuple[Any, ...]] | None = None
+    _fan_description: list[tuple[Any, ...]] | None = None
+
+    def load(self, result: FanOutResult) -> None:
+        first = result.streams[0].result if result.streams else None
+        self._fan_description = [(name, first.ftype(i) if first is not None else 0, None, None, None, None, None)
+                                 for i, name in enumerate(result.columns)]
+        self._merged = iter(result)
+
+    @property
+    def description(self) -> Any:
+        return self._fan_description if self._merged is not None else super().description
+
+    @property
+    def rowcount(self) -> int:
+        return -1 if self._merged is not None else super().rowcount
+
+    def fetchone(self) -> Any:
+        return next(self._merged, None) if self._merged is not None else super().fetchone()
+
+    def fetchmany(self, size: int = 0) -> Any:
+        if self._merged is None:
+            return super().fetchmany(size)
+        return list(itertools.islice(self._merged, size or self.arraysize))
+
+    def fetchall(self) -> Any:
+        return list(self._merged) if self._merged is not None else super().fetchall()
+
+    def __iter__(self) -> Any:
+        return iter(self._merged) if self._merged is not None else super().__iter__()
+
+
+def fan_out_engine(router: Router, *, connect_timeout: int = CONNECT_TIMEOUT) -> Engine:
+    """The engine a ShardSession with no shard sends a SELECT naming none to: its statements run by
+    router.fan_out on every shard (fan_out_execute), none on the connection it holds (to the first database, for
+    SQLAlchemy's own questions when it connects). Read-only: a write through it (to an object it loaded) is refused."""
+    name = router.config.select(None)[0]
+    connect = _connector(router.config, name, connect_timeout)
+    engine = create_engine("postgresql+psycopg://", creator=lambda: _with_cursor(connect()), pool_size=1, max_overflow=2)
+    event.listen(engine, "do_execute", partial(fan_out_execute, router))
+    return engine
+
+
+def _with_cursor(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    conn.cursor_factory = FanOutCursor
+    return conn
+
+
+def fan_out_execute(router: Router, cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
+    """SQLAlchemy's do_execute on the fan-out engine: a SELECT runs by router.fan_out, its ORDER BY (of columns it
+    selects) and LIMIT the merge's; the rows are the cursor's. SQLAlchemy's own questions (no statement compiled) run on
+    the engine's connection. A query that groups or aggregates needs
+    execution_options(pgidgen_combine=...); an OFFSET is refused (page by the order key instead)."""
+    compiled: Any = getattr(context, "compiled", None)
+    if compiled is None:  # SQL of SQLAlchemy's own (the server's version when it connects): run as it is
+        return False
+    select = getattr(compiled, "statement", None)
+    if context.isinsert or context.isupdate or context.isdelete or not isinstance(select, Select):
+        raise RoutingError("objects read from every shard at once are read-only, and only a SELECT runs on every shard",
+                           hint="load the object by its ID (session.get: its shard) to change it, or open the session on a shard")
+    combine = context.execution_options.get(COMBINE_OPTION)
+    functions = any(isinstance(e, FunctionElement) for c in select.selected_columns for e in visitors.iterate(c))
+    if combine is None and (select._group_by_clauses or select._having_criteria or select._distinct or functions):
+        raise InputError("a query on every shard that groups or aggregates returns a row a shard (a group a shard)",
+                         hint="combine them: .execution_options(pgidgen_combine=(None, 'sum')), one for each column (None: grouped by)")
+    if select._offset_clause is not None:
+        raise InputError("an OFFSET cannot run on every shard: each shard would skip its own first rows",
+                         hint="page by the order key instead (WHERE id < the last ID seen)")
+    names = [rc.name for rc in compiled._result_columns]
+    order = [_order_name(clause, compiled._result_columns, names) for clause in select._order_by_clauses]
+    cursor.load(router.fan_out(statement, parameters, order_by=order or None, limit=select._limit, combine=combine))
+    return True
+
+
+def _order_name(clause: Any, columns: Any, names: list[str]) -> str:
+    """An ORDER BY clause as fan_out's order_by: the name of the result column it sorts by ("-name": descending)."""
+    desc = isinstance(clause, UnaryExpression) and clause.modifier is operators.desc_op
+    element = clause.element if isinstance(clause, UnaryExpression) and clause.modifier in (operators.desc_op, operators.asc_op) else clause
+    for rc in columns:
+        if any(isinstance(o, ClauseElement) and o.compare(element) for o in rc.objects):
+            return f"-{rc.name}" if desc else rc.name
+    label = getattr(element, "element", None) if type(element).__name__ == "_textual_label_reference" else getattr(element, "name", None)
+    if isinstance(label, str) and label in names:
+        return f"-{label}" if desc else label
+    raise InputError(f"the query is ordered by {clause}, which a query on every shard cannot merge by",
+                     hint="order by columns the query selects, ascending or descending (NULLs where PostgreSQL puts them)")
+
+
+__all__ = ["COMBINE_OPTION", "DATABASE_OPTION", "FAN_OUT", "FanOutCursor", "SHARD_OPTION", "ShardSession", "Sharding", "create_engines",
+           "fan_out_engine", "fan_out_execute"]

@@ -55,17 +55,21 @@ The package, a part per concern: keys.py (keys and IDs to shards), mapcache.py (
 polling), pools.py (the connection policy, e.g. behind PgBouncer, and the pools), breaker.py (a database that
 cannot be connected to: its calls fail at once, not as a move's are retried), claiming.py (the pools'
 connection class), ending.py (the statements that would end a unit's transaction, refused), unit.py (the
-claimed unit of work and its retries), router.py (the Router that puts them together).
+claimed unit of work and its retries), router.py (the Router that puts them together), fanout.py (one statement on
+every shard, a round trip per database: the same claim, read for all of a database's shards at once, the argument
+for moves in its docstring), fansql.py (that statement qualified for each shard, under UNION ALL), fanmerge.py (the
+shards' rows merged, or combined).
 """
 from __future__ import annotations
 
 from .asyncrouter import AsyncRouter
+from .fanmerge import FanOutResult
 from .keys import ShardKey, hashed, modulo, shard_of_id
 from .mapcache import Route, RoutingMap, build_routes, read_catalogs
-from .router import APPLICATION_NAME, Router, locate
+from .router import APPLICATION_NAME, Router, locate, query
 from .unit import MOVE_SYMPTOMS, NOT_SERVED
 
 __all__ = [
-    "APPLICATION_NAME", "AsyncRouter", "MOVE_SYMPTOMS", "NOT_SERVED", "Route", "Router", "RoutingMap", "ShardKey",
-    "build_routes", "hashed", "locate", "modulo", "read_catalogs", "shard_of_id",
+    "APPLICATION_NAME", "AsyncRouter", "FanOutResult", "MOVE_SYMPTOMS", "NOT_SERVED", "Route", "Router", "RoutingMap", "ShardKey",
+    "build_routes", "hashed", "locate", "modulo", "query", "read_catalogs", "shard_of_id",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from typing import Any, TypeVar
@@ -17,9 +17,11 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from ..config import Config, load_config
 from ..db import pg_message
-from ..errors import RoutingError, ShardMovedError, ShardUnavailableError
+from ..errors import DatabaseUnavailableError, RoutingError, ShardMovedError, ShardUnavailableError
 from .breaker import no_answer
 from .claiming import AsyncClaimingConnection, async_has_claim_call
+from .fanmerge import Combine, FanOutResult
+from .fanout import Outcome, Rounds, Spec, read_gen
 from .mapcache import SERVING, Route, RoutingMap
 from .router import Router
 from .unit import aborted, needs_row, next_try, verdict
@@ -197,6 +199,53 @@ class AsyncRouter:
 
     async def run_for_id(self, id_: int, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *, read_only: bool = False) -> T:
         return await self.run(self.shard_of(id_), work, read_only=read_only)
+
+    async def fan_out(
+        self,
+        query: Any,
+        params: Any = None,
+        *,
+        shards: Iterable[int] | None = None,
+        order_by: str | Sequence[str] | None = None,
+        limit: int | None = None,
+        combine: Combine = None,
+        read_only: bool = True,
+        partial: bool = False,
+        with_shard: bool = False,
+    ) -> FanOutResult:
+        """As Router.fan_out: the databases as tasks on the event loop."""
+        spec = Spec.make(query, params, order_by=order_by, limit=limit, read_only=read_only, with_shard=with_shard,
+                         combine=combine, partial=partial)
+        rounds = Rounds(self.sync.fanout, spec, shards, await self.routing_map())
+        while rounds.pending:
+            by_database = rounds.plan(await self.routing_map())
+            done = await asyncio.gather(*(self._fan_read(name, part, spec) for name, part in by_database.items()), return_exceptions=True)
+            wait = rounds.settle(dict(zip(by_database, done, strict=True)))
+            if wait:
+                await asyncio.sleep(wait)
+        return rounds.result()
+
+    async def _fan_read(self, name: str, shards: list[int], spec: Spec) -> Outcome:
+        """One database's part of a fan-out's round (fanout.read_gen) on a connection of its pool."""
+        try:
+            if name in self.down and self.breaker.admit(name):
+                await asyncio.to_thread(self.breaker.probe, name)
+            pool = await self._pool(name)
+            try:
+                conn = await pool.getconn(timeout=self._first_wait)
+            except (PoolTimeout, PoolClosed):
+                pool, conn = await self._wait_for_connection(name)
+        except DatabaseUnavailableError as ex:
+            return Outcome(error=ex)
+        sent: list[bool] = []
+        try:
+            async with conn.lock:
+                return await psycopg.AsyncConnection.wait(conn, read_gen(self.sync.fanout, conn, name, shards, spec, sent))
+        except psycopg.Error as ex:
+            down = await asyncio.to_thread(self.sync.pools.lost, name) if conn.broken else None
+            return self.sync.fanout.broken(conn, name, shards, spec, sent, ex, lambda _: down)
+        finally:
+            await pool.putconn(conn)
 
     async def _still_serves(self, conn: psycopg.AsyncConnection[Any], route: Route) -> bool:
         if conn.broken or conn.closed:

@@ -2,8 +2,9 @@
 (pools.py) and the claimed unit of work (unit.py)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import psycopg
@@ -11,6 +12,8 @@ import psycopg
 from ..config import Config, load_config
 from ..errors import DatabaseUnavailableError, InputError, RoutingError
 from .breaker import CONNECT_TIMEOUT, PROBE_EVERY
+from .fanmerge import Combine, FanOutResult
+from .fanout import FanOut, Spec
 from .keys import ShardKey, modulo, shard_of_id
 from .mapcache import MapCache, Route, RoutingMap
 from .pools import Pools
@@ -72,6 +75,7 @@ class Router:
             connect_timeout=connect_timeout,
         )
         self.units = Units(config, self.pools, self.maps, search_path=search_path, retry_for=retry_for, stats=self.stats)
+        self.fanout = FanOut(config, self.pools, self.maps, self.units)
 
     @classmethod
     def from_config(cls, path: str | None = None, **options: Any) -> Router:
@@ -85,6 +89,7 @@ class Router:
         self.close()
 
     def close(self) -> None:
+        self.fanout.close()
         self.maps.close()
         self.pools.close()
 
@@ -181,6 +186,60 @@ class Router:
         """Router.run on the shard inside the ID."""
         return self.run(self.shard_of(id_), work, read_only=read_only)
 
+    def fan_out(
+        self,
+        query: Any,
+        params: Any = None,
+        *,
+        shards: Iterable[int] | None = None,
+        order_by: str | Sequence[str] | None = None,
+        limit: int | None = None,
+        combine: Combine = None,
+        read_only: bool = True,
+        partial: bool = False,
+        with_shard: bool = False,
+    ) -> FanOutResult:
+        """One statement, written unqualified as for Router.run (a SELECT; an INSERT, UPDATE or DELETE with
+        read_only=False), on every shard or on shards, in one round trip per database, the databases in parallel;
+        the rows merged. Iterate the result for them (tuples).
+
+        order_by: output columns of the statement ("id", "-id" or "id DESC" for descending, several in a list):
+        each shard returns its rows in that order, and they are merged into it (text by code point, as COLLATE "C";
+        NULLs as PostgreSQL places them). limit: at most that many rows in all, and from each shard. So
+        order_by="-id", limit=50 is the 50 newest rows across every shard (IDs are time-ordered).
+        combine: "sum", "min" or "max" for every column, or one per column with None for a column to group by:
+        the shards' rows combined into one (per group), e.g. combine="sum" on a count(*); order_by and limit
+        then apply to the combined rows. with_shard: each row starts with the shard it came from (column "shard").
+
+        Every shard is read exactly once, on the database that serves it at that moment (claimed as Router.run's
+        reads are; one a move retired is read again where it lives now, for up to retry_for seconds). Shards are
+        read at different moments: not one snapshot. A database that cannot be connected to raises
+        DatabaseUnavailableError naming it and its shards; partial=True returns the others' rows instead, with
+        result.missing naming what was not read. A statement that fails raises QueryError naming the database
+        and the shards (its psycopg error is the __cause__). read_only=False: each shard's write is claimed as
+        Router.run's; the shards commit a chunk at a time (pgidgen/routing/fanout.py)."""
+        spec = Spec.make(query, params, order_by=order_by, limit=limit, read_only=read_only, with_shard=with_shard,
+                         combine=combine, partial=partial)
+        return self.fanout.run(spec, shards)
+
+    def fan_out_sql(
+        self,
+        query: Any,
+        params: Any = None,
+        *,
+        shards: Iterable[int] | None = None,
+        order_by: str | Sequence[str] | None = None,
+        limit: int | None = None,
+        combine: Combine = None,
+        read_only: bool = True,
+        with_shard: bool = False,
+    ) -> dict[str, list[str]]:
+        """The rendering twin of fan_out: per database, the SQL fan_out would send it now (one statement a line,
+        parameters as literals: BEGIN, the chunk's claims, its statement, COMMIT, per chunk of shards). Runs none
+        of it; reads the map and the shard schemas' names."""
+        spec = Spec.make(query, params, order_by=order_by, limit=limit, read_only=read_only, with_shard=with_shard, combine=combine)
+        return self.fanout.render(spec, shards)
+
     def search_path_for(self, shard: int) -> str:
         """The search_path value set for shard's transactions: its schema, then the extra ones (quoted)."""
         return self.units.search_path_for(shard)
@@ -216,4 +275,20 @@ def locate(config: Config, *, keys: Sequence[int] = (), ids: Sequence[int] = (),
         return out
 
 
-__all__ = ["APPLICATION_NAME", "Router", "locate"]
+def admin(config: Config) -> Config:
+    """config with every database's admin_dsn where the application's would be: a Router of pgidgen's own
+    commands connects directly, not through a pooler."""
+    return replace(config, app_dsns={}, poolers={}, pooler_prepares=frozenset(), app_unset={})
+
+
+def query(config: Config, statement: str, *, sql_only: bool = False, **options: Any) -> FanOutResult | dict[str, list[str]]:
+    """`pgidgen query`: Router.fan_out of statement through the admin connections (options: fan_out's), or with
+    sql_only its rendering twin's SQL per database."""
+    with Router(admin(config), listen=False, min_size=0) as router:
+        if sql_only:
+            options.pop("partial", None)
+            return router.fan_out_sql(statement, **options)
+        return router.fan_out(statement, **options)
+
+
+__all__ = ["APPLICATION_NAME", "Router", "admin", "locate", "query"]
