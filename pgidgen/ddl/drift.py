@@ -126,6 +126,44 @@ WITH s AS (
         || coalesce(' default ' || t.typdefault, '')
         || ' grants ' || {typacl} || ' owner ' || pg_catalog.pg_get_userbyid(t.typowner)
     FROM s JOIN pg_catalog.pg_type t ON t.typnamespace = s.nsp AND t.typtype IN ('e', 'd', 'r', 'm')
+  UNION ALL
+    SELECT s.shard, 'operator ' || o.oprname || '(' || pg_catalog.format_type(o.oprleft, NULL) || ', ' || pg_catalog.format_type(o.oprright, NULL)
+        || ') ' || o.oprcode::pg_catalog.regprocedure::text || coalesce(' commutator ' || nullif(o.oprcom, 0)::pg_catalog.regoperator::text, '')
+        || coalesce(' negator ' || nullif(o.oprnegate, 0)::pg_catalog.regoperator::text, '')
+    FROM s JOIN pg_catalog.pg_operator o ON o.oprnamespace = s.nsp
+    WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_depend e WHERE e.classid = 'pg_catalog.pg_operator'::pg_catalog.regclass AND e.objid = o.oid AND e.deptype = 'e')
+  UNION ALL
+    SELECT s.shard, 'operator family ' || f.opfname || ' using ' || am.amname
+        || ' operators ' || coalesce((SELECT string_agg(a.amopstrategy || ' ' || a.amopopr::pg_catalog.regoperator::text, ', ' ORDER BY a.amopstrategy, a.amopopr::pg_catalog.regoperator::text)
+                                      FROM pg_catalog.pg_amop a WHERE a.amopfamily = f.oid), '-')
+        || ' functions ' || coalesce((SELECT string_agg(a.amprocnum || ' ' || a.amproc::pg_catalog.regprocedure::text, ', ' ORDER BY a.amprocnum, a.amproc::pg_catalog.regprocedure::text)
+                                      FROM pg_catalog.pg_amproc a WHERE a.amprocfamily = f.oid), '-')
+        || coalesce(' classes ' || (SELECT string_agg(c.opcname || ' for ' || pg_catalog.format_type(c.opcintype, NULL) || CASE WHEN c.opcdefault THEN ' default' ELSE '' END, ', ' ORDER BY c.opcname)
+                                    FROM pg_catalog.pg_opclass c WHERE c.opcfamily = f.oid), '')
+    FROM s JOIN pg_catalog.pg_opfamily f ON f.opfnamespace = s.nsp JOIN pg_catalog.pg_am am ON am.oid = f.opfmethod
+    WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_depend e WHERE e.classid = 'pg_catalog.pg_opfamily'::pg_catalog.regclass AND e.objid = f.oid AND e.deptype = 'e')
+  UNION ALL
+    SELECT s.shard, 'collation ' || c.collname || ' provider ' || c.collprovider::text || CASE WHEN c.collisdeterministic THEN '' ELSE ' nondeterministic' END
+    FROM s JOIN pg_catalog.pg_collation c ON c.collnamespace = s.nsp
+  UNION ALL
+    SELECT s.shard, 'text search dictionary ' || d.dictname || ' template ' || d.dicttemplate::pg_catalog.regproc::text || ' ' || coalesce(d.dictinitoption, '')
+    FROM s JOIN pg_catalog.pg_ts_dict d ON d.dictnamespace = s.nsp
+  UNION ALL
+    SELECT s.shard, 'text search configuration ' || c.cfgname || ' parser ' || p.prsname || ' '
+        || coalesce((SELECT string_agg(m.maptokentype || '.' || m.mapseqno || ' ' || m.mapdict::pg_catalog.regdictionary::text, ', ' ORDER BY m.maptokentype, m.mapseqno)
+                     FROM pg_catalog.pg_ts_config_map m WHERE m.mapcfg = c.oid), '-')
+    FROM s JOIN pg_catalog.pg_ts_config c ON c.cfgnamespace = s.nsp JOIN pg_catalog.pg_ts_parser p ON p.oid = c.cfgparser
+  UNION ALL
+    -- a cast has no schema: the shard's are those with its type or function (move/casts.py), made by CREATE CAST
+    SELECT s.shard, 'cast ' || pg_catalog.format_type(k.castsource, NULL) || ' as ' || pg_catalog.format_type(k.casttarget, NULL)
+        || ' ' || k.castmethod::text || k.castcontext::text || coalesce(' ' || nullif(k.castfunc, 0)::pg_catalog.regprocedure::text, '')
+    FROM (SELECT DISTINCT k.castsource, k.casttarget, k.castmethod, k.castcontext, k.castfunc, u.nsp
+          FROM pg_catalog.pg_cast k CROSS JOIN LATERAL (VALUES ((SELECT typnamespace FROM pg_catalog.pg_type WHERE oid = k.castsource)),
+                                                              ((SELECT typnamespace FROM pg_catalog.pg_type WHERE oid = k.casttarget)),
+                                                              ((SELECT pronamespace FROM pg_catalog.pg_proc WHERE oid = k.castfunc))) AS u (nsp)
+          WHERE u.nsp <> 'pg_catalog'::pg_catalog.regnamespace AND NOT EXISTS (
+              SELECT FROM pg_catalog.pg_depend e WHERE e.classid = 'pg_catalog.pg_cast'::pg_catalog.regclass AND e.objid = k.oid AND e.deptype IN ('i', 'e'))) k
+    JOIN s ON s.nsp = k.nsp
 )
 """.format(
     filter="{filter}",

@@ -116,7 +116,13 @@ _OWNER_SCHEMA = """coalesce((pg_catalog.pg_identify_object(classid, objid, objsu
         WHERE f.oid = CASE classid
             WHEN 'pg_catalog.pg_amproc'::pg_catalog.regclass THEN (SELECT amprocfamily FROM pg_catalog.pg_amproc WHERE oid = objid)
             WHEN 'pg_catalog.pg_amop'::pg_catalog.regclass THEN (SELECT amopfamily FROM pg_catalog.pg_amop WHERE oid = objid)
-        END))"""
+        END), (  -- a cast (no schema of its own): its function's, else its target type's, else its source type's (casts.py)
+        SELECT coalesce(nullif(fn.nspname, 'pg_catalog'), nullif(tn.nspname, 'pg_catalog'), sn.nspname)
+        FROM pg_catalog.pg_cast k
+        JOIN pg_catalog.pg_type s ON s.oid = k.castsource JOIN pg_catalog.pg_namespace sn ON sn.oid = s.typnamespace
+        JOIN pg_catalog.pg_type t ON t.oid = k.casttarget JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
+        LEFT JOIN pg_catalog.pg_proc f ON f.oid = k.castfunc LEFT JOIN pg_catalog.pg_namespace fn ON fn.oid = f.pronamespace
+        WHERE classid = 'pg_catalog.pg_cast'::pg_catalog.regclass AND k.oid = objid))"""
 
 
 def _dependents_sql(schema_param: str, select: str) -> str:
@@ -317,8 +323,9 @@ TABLES_AS_THEY_STAND_SQL = """
 SELECT c.relname,
        (SELECT pg_catalog.string_agg(a.attname OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) pg_catalog.format_type(a.atttypid, a.atttypmod), ', ' ORDER BY a.attname)
         FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
-       EXISTS (SELECT FROM pg_catalog.pg_publication_rel pr JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
-               WHERE pr.prrelid = c.oid AND p.pubname = %(publication)s)
+       c.relpersistence <> 'p'  -- unlogged: not published, copied in the pause (unlogged.py)
+       OR EXISTS (SELECT FROM pg_catalog.pg_publication_rel pr JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
+                  WHERE pr.prrelid = c.oid AND p.pubname = %(publication)s)
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %(schema)s AND c.relkind = 'r'
 """

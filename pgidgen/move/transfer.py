@@ -41,7 +41,7 @@ from typing import IO, Any
 import psycopg
 
 from .. import pgbin
-from ..db import connect, tool_args
+from ..db import connect, execute_script, tool_args
 from ..errors import PgidgenError
 from ..redact import scrub
 from . import sqltext as q
@@ -406,8 +406,9 @@ class Transfer:
         self.streams[(table.schema, table.name)] = p
         return p
 
-    def restore(self, tgt: psycopg.Connection[Any], on_block: OnBlock | None = None) -> None:
-        """Into tgt's open transaction: the schema, the rows, then indexes and constraints (the sections started)."""
+    def restore(self, tgt: psycopg.Connection[Any], on_block: OnBlock | None = None, *, after_pre_data: str = "") -> None:
+        """Into tgt's open transaction: the schema, the rows, then indexes and constraints (the sections started).
+        after_pre_data: SQL run right after the pre-data section (what pg_dump --schema leaves out: casts.py)."""
         tgt.execute(f"SET client_encoding = {q.literal(self.encoding)}")
         for section in ("pre-data", "data", "post-data"):
             if section == "data":
@@ -416,6 +417,8 @@ class Transfer:
                 script = self.section(section)
                 if script.strip():
                     tgt.execute(script)
+                if section == "pre-data":
+                    execute_script(tgt, after_pre_data)
 
     def copy_rows(self, tgt: psycopg.Connection[Any], on_block: OnBlock | None = None) -> None:
         """Every table's rows into tgt's open transaction; the next table's stream starts while this one flows.

@@ -11,6 +11,7 @@ import psycopg
 from ...db import connect, execute_script, pg_message, server_encoding
 from ...errors import ConflictError, PgidgenError
 from .. import sqltext as q
+from ..casts import casts_sql
 from ..context import MoveError
 from ..transfer import COPY_SECTIONS, SchemaDump, Transfer, plan_tables, plan_tables_of
 from .base import Background, CopyProgress, MoverBase
@@ -120,6 +121,7 @@ class CopySteps(MoverBase):
             views = [(named[r[0]], r[1]) for r in self.admin.execute(
                 "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ANY(%s)"
                 " AND c.relkind = 'm' AND c.relispopulated ORDER BY c.oid", (list(named),))]
+            casts = casts_sql(self.admin, named) if "pre-data" in sections else ""
             tr = Transfer(self.config.dsn(self.ctx.source), schemas, plan, snapshot=snapshot(), encoding=encoding, sections=sections, schema_dump=schema_dump)
         except BaseException:
             if schema_dump is not None:
@@ -134,7 +136,7 @@ class CopySteps(MoverBase):
             with self.tgt.transaction():
                 if truncate and plan:
                     self.tgt.execute(f"TRUNCATE {', '.join('ONLY ' + q.ident(t.schema or schemas[0], t.name) for t in plan)}")
-                tr.restore(self.tgt, self._copy_progress())
+                tr.restore(self.tgt, self._copy_progress(), after_pre_data=casts)
                 for schema, view in views:
                     self.tgt.execute(f"REFRESH MATERIALIZED VIEW {q.ident(schema, view)}")
                 if "post-data" in sections:  # the whole schema is there: its owners' grants as on the source

@@ -12,6 +12,7 @@ from ...ddl.drift import ITEMS_SQL, schema_items
 from .. import sqltext as q
 from ..context import MoveError, describe_dependents, outside_dependents
 from ..journal import retired_names
+from ..unlogged import copy_unlogged
 from .base import LOCK_WAIT_RECHECK, Background, CutoverAborted, MoverBase
 
 #: drift.SCHEMA_ITEMS_SQL for a batch's schemas at once: (schema, item).
@@ -174,6 +175,12 @@ class CutoverSteps(MoverBase):
             elif not self._beat(deadline):
                 src.rollback()
                 raise CutoverAborted(f"the target did not catch up within --max-pause {budget * 1000:.0f} ms")
+            else:
+                unlogged = [(c.schema, t.name) for c in self.ctxs for t in c.tables if t.persistence != "p"]
+                if unlogged:  # not replicated: their rows as the freeze leaves them
+                    rows = copy_unlogged(src, self.tgt, unlogged)
+                    self.report.notes.append(f"unlogged {', '.join(f'{s}.{t}' for s, t in unlogged)}: {rows} rows copied in the pause"
+                                             " (logical replication does not carry unlogged tables)")
             assert snap is not None
             snap.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             snap.execute("SELECT 1 FROM pgidgen.shards LIMIT 1")  # the snapshot: the target at the cutover point

@@ -16,6 +16,7 @@ from ...layout import Layout
 from ...redact import scrub
 from ...render import static_sql
 from .. import sqltext as q
+from ..casts import casts_sql
 from ..context import MoveError
 from ..transfer import DUMP_OPTIONS, OWN_GROUP, last_line, script_of, sigint_held, tool
 from .base import Background, MoverBase
@@ -106,6 +107,7 @@ class PrepareSteps(MoverBase):
                 encoding = server_encoding(self.admin)
                 self.tgt.execute(f"SET client_encoding = {q.literal(encoding)}")
                 self.tgt.execute(script)
+                execute_script(self.tgt, casts_sql(self.admin, {c.source_schema or c.schema: c.schema for c in self.ctxs}))
                 for ctx in self.ctxs:
                     execute_script(self.tgt, q.target_row_sql(ctx.shard, ctx.schema))
         except psycopg.Error as e:

@@ -23,7 +23,7 @@ class ReplicationSteps(MoverBase):
         self._set_identities()  # before anything publishes them: updates and deletes on them would fail
         if self.admin.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.names.publication,)).fetchone():
             return
-        tables = [q.TableRef(c.schema, t.name) for c in self.ctxs for t in c.tables]
+        tables = [q.TableRef(c.schema, t.name) for c in self.ctxs for t in c.tables if t.persistence == "p"]  # unlogged: copied in the pause
         with self.admin.transaction():
             execute_script(self.admin, q.publication_sql(self.names, tables))
 
