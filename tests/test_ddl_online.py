@@ -102,9 +102,13 @@ def test_an_index_is_built_concurrently_on_every_shard_under_a_writer(live: Conf
     assert writer.rows > before and writer.errors == []
     again = cli(config_file, "apply-ddl", str(tmp_path / "idx.sql"))
     assert again.exit_code == 0 and "nothing to do" in again.output, again.output
+    (tmp_path / "reindex.sql").write_text("REINDEX INDEX CONCURRENTLY t_v_idx;\n")
+    rebuilt = cli(config_file, "apply-ddl", str(tmp_path / "reindex.sql"))
+    assert rebuilt.exit_code == 0, rebuilt.output
+    assert each(live, INDEX_SQL) == [(f"shard_{s}", True) for s in range(SHARDS)] and ledger_rows(live, 3) == SHARDS
     dropped = cli(config_file, "apply-ddl", str(tmp_path / "drop.sql"))
     assert dropped.exit_code == 0, dropped.output
-    assert each(live, INDEX_SQL) == [] and ledger_rows(live, 3) == SHARDS and writer.errors == []
+    assert each(live, INDEX_SQL) == [] and ledger_rows(live, 4) == SHARDS and writer.errors == []
 
 
 @pytest.mark.parametrize("how", ["terminated", "deadline"])
