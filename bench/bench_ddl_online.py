@@ -120,6 +120,7 @@ def run() -> None:
         row("writer: median gap during the build", statistics.median(build.gaps) * 1000, "ms", median * 1000, "median")
         row("writer: p99 gap during the build", ms(build.gaps, 0.99), "ms", median * 1000, "median")
         row("writer: max gap during the build", max(build.gaps) * 1000, "ms", median * 1000, "median")
+        row("writer: max gap during the build, vs with none", max(build.gaps) * 1000, "ms", max(base.gaps) * 1000, "max, no build")
         row("apply-ddl (all shards, both databases in parallel)", took[0], "s")
         table([("writer inserts during the build / errors", f"{len(build.gaps)} / {len(build.errors + base.errors)}"),
                ("valid / invalid items_v_idx", "{} / {}".format(*valid_indexes(config, "items_v_idx")))])

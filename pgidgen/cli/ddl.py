@@ -120,7 +120,7 @@ class _Waits:
 def _planned(plan: Any, bar: Bar, waits: _Waits) -> None:
     waits.online = plan.online
     if plan.online and bar.enabled:
-        click.echo(f"{plan.file.name}: online, shard by shard outside a transaction, each shard recorded when done", err=True)
+        click.echo(f"{plan.file.name}: online statements: shard by shard outside a transaction, each shard recorded when done", err=True)
     say_sizing(plan, bar.enabled)
     bar.start(plan.total)
 
