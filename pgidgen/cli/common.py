@@ -89,12 +89,15 @@ def report(outcomes: list[Any], as_json: bool) -> None:
         raise click.ClickException(f"{len(failed)} of {len(outcomes)} databases failed ({', '.join(failed)}){rest}")
 
 
-def print_sql(per_database: dict[str, str]) -> None:
+def print_sql(per_database: dict[str, str], *, transaction: bool = True) -> None:
+    """Each database's SQL, in a transaction unless it runs statement by statement (apply-ddl's online files)."""
     for name, text in per_database.items():
         click.echo(f"-- ===== database {name} =====")
-        click.echo("BEGIN;")
+        if transaction:
+            click.echo("BEGIN;")
         click.echo(text.rstrip("\n"))
-        click.echo("COMMIT;")
+        if transaction:
+            click.echo("COMMIT;")
 
 
 MAX_PAUSE_S = (2**31 - 1) // 1000

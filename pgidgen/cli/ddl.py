@@ -26,6 +26,7 @@ from .common import Bar, get_config, interactive, parse_duration, print_sql, rep
               help="Longest one try waits for a lock on a shard's tables (so the longest the application's queries queue behind it).")
 @click.option("--lock-wait", default="3m", show_default=True, metavar="DURATION",
               help="How long tries go on (rolled back, paused, tried again) while a session keeps a lock; then exit 1 naming it.")
+@click.option("--jobs", type=int, metavar="N", help="Databases worked on at once (default: all of them, at most 16).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report, no progress bar.")
 @click.pass_context
 def apply_ddl_cmd(
@@ -41,6 +42,7 @@ def apply_ddl_cmd(
     shards: int | None,
     lock_timeout: str,
     lock_wait: str,
+    jobs: int | None,
     as_json: bool,
 ) -> None:
     """Apply a DDL file written once, unqualified (or a schema dump, --from-schema), to every shard; record it in the ledger."""
@@ -57,11 +59,13 @@ def apply_ddl_cmd(
             raise ConfigError("--sql needs --shards N", hint="--sql does not connect, so it renders for shards spread as init --shards N spreads them")
         for line in parsed.summary:
             click.echo(f"-- {line}")
-        print_sql(render_apply(offline_plan(config, parsed, shards, config.select(databases), commit_every=commit_every)))
+        plan = offline_plan(config, parsed, shards, config.select(databases), commit_every=commit_every)
+        print_sql(render_apply(plan), transaction=not plan.online)
         return
     for line in parsed.summary:
         click.echo(line, err=as_json)
     bar = Bar(interactive(as_json), f"applying {parsed.name}")
+    waits = _Waits(bar)
     try:
         result = apply_ddl(
             config,
@@ -70,9 +74,10 @@ def apply_ddl_cmd(
             reapply_changed=reapply_changed,
             commit_every=commit_every,
             progress=bar.advance,
-            on_plan=lambda p: _planned(p, bar),
+            on_plan=lambda p: _planned(p, bar, waits),
             lock_policy=policy,
-            on_lock_wait=None if as_json else _Waits(bar).say,
+            on_lock_wait=None if as_json else waits.say,
+            jobs=jobs,
         )
     finally:
         bar.close()
@@ -97,6 +102,7 @@ class _Waits:
     def __init__(self, bar: Bar) -> None:
         self.bar = bar
         self.said: dict[str, float] = {}
+        self.online = False
 
     def say(self, name: str, shards: list[int], holders: list[Any], waited: float) -> None:
         if name in self.said and waited - self.said[name] < 5:
@@ -104,11 +110,17 @@ class _Waits:
         self.said[name] = waited
         who = "; ".join(h.describe() for h in holders[:2]) or "a session that has since let go"
         first = f"shard_{shards[0]}" + (f" (and {len(shards) - 1} more)" if len(shards) > 1 else "")
-        click.echo(("\n" if self.bar._bar is not None else "") + f"{name}: {first} waits for a lock held by {who};"
-                   f" rolled back, trying again ({waited:.0f} s so far)", err=True)
+        if self.online:  # CONCURRENTLY waits for older transactions without making the application queue
+            line = f"{name}: {first} waits for {who}; the application's queries do not queue behind it ({waited:.0f} s so far)"
+        else:
+            line = f"{name}: {first} waits for a lock held by {who}; rolled back, trying again ({waited:.0f} s so far)"
+        click.echo(("\n" if self.bar._bar is not None else "") + line, err=True)
 
 
-def _planned(plan: Any, bar: Bar) -> None:
+def _planned(plan: Any, bar: Bar, waits: _Waits) -> None:
+    waits.online = plan.online
+    if plan.online and bar.enabled:
+        click.echo(f"{plan.file.name}: online statements: shard by shard outside a transaction, each shard recorded when done", err=True)
     say_sizing(plan, bar.enabled)
     bar.start(plan.total)
 

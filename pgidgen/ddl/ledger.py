@@ -17,6 +17,7 @@ from .. import __version__
 from ..errors import ConflictError
 from ..idgen import LOCK_CLASS
 from ..render import literal, static_sql
+from .online_sql import in_transaction, online_steps
 from .rewrite import render_template
 
 #: Advisory lock object (class idgen.LOCK_CLASS) serialising apply-ddl runs and init's ledger replay.
@@ -40,7 +41,12 @@ class FileVersion:
     pgidgen_version: str = __version__
 
     def for_shard(self, shard: int) -> str:
-        return render_template(self.template, self.placeholder, shard)
+        """The shard's SQL in a transaction (an online file's plain form: online.py runs it shard by shard instead)."""
+        return render_template(in_transaction(self.template), self.placeholder, shard)
+
+    @property
+    def online(self) -> bool:
+        return online_steps(self.template) is not None
 
 
 @dataclass

@@ -57,6 +57,7 @@ from .names import (
     shared_target,
     target_rangevar,
 )
+from .online_sql import check_online, concurrent, online_steps, validates
 from .positions import _kind, _skip_space, line_col, parse_error_index
 
 PLACEHOLDER = "pgidgen_shard_schema"
@@ -110,6 +111,11 @@ class ShardedFile:
 
     def for_shard(self, shard: int) -> str:
         return render_template(self.template, self.placeholder, shard)
+
+    @property
+    def online(self) -> bool:
+        """Run shard by shard outside a transaction (online_sql.py says which files)."""
+        return online_steps(self.template) is not None
 
 
 def render_template(template: str, placeholder: str, shard: int) -> str:
@@ -398,12 +404,13 @@ def _targets(s: Any, placeholder: str, scope: FileScope) -> set[int]:
         for parent in s.inhRelations or ():  # INHERITS (...) and PARTITION OF: the parent is changed too
             changed_parent(parent, placeholder)
     elif isinstance(s, ast.IndexStmt):
-        if s.concurrent:
-            raise Refused(
-                "CREATE INDEX CONCURRENTLY cannot run inside a transaction, and pgidgen applies each database in one",
-                "drop CONCURRENTLY (on new or small tables a plain CREATE INDEX is quick); to build an index on large live tables, "
-                "run CREATE INDEX CONCURRENTLY per shard outside pgidgen",
-            )
+        check_online(s)
+        target_rangevar(s.relation, t, placeholder)
+    elif isinstance(s, ast.ReindexStmt):
+        if not concurrent(s):
+            raise Refused("REINDEX without CONCURRENTLY locks the table's writes for the whole rebuild",
+                          "write REINDEX INDEX CONCURRENTLY name (or REINDEX TABLE CONCURRENTLY name): pgidgen runs it shard by shard")
+        check_online(s)
         target_rangevar(s.relation, t, placeholder)
     elif isinstance(s, ast.AlterTableStmt):
         target_rangevar(s.relation, t, placeholder)
@@ -448,8 +455,6 @@ def _targets(s: Any, placeholder: str, scope: FileScope) -> set[int]:
     elif isinstance(s, ast.CommentStmt):
         s.object = objects_in_names(s.objtype, s.object, placeholder, "COMMENT")
     elif isinstance(s, ast.DropStmt):
-        if s.concurrent:
-            raise Refused("DROP INDEX CONCURRENTLY cannot run inside a transaction, and pgidgen applies each database in one", "drop CONCURRENTLY")
         s.objects = tuple(objects_in_names(s.removeType, o, placeholder, "DROP") for o in s.objects or ())
     elif isinstance(s, ast.GrantStmt):
         _grant_targets(s, placeholder, t)
@@ -551,7 +556,23 @@ def parse_sql_file(source: str, name: str) -> tuple[ast.RawStmt, ...]:
 def parse_file(source: str, name: str) -> ShardedFile:
     """Parse and check a whole file; the first statement pgidgen cannot shard is an error naming its position."""
     raws = parse_sql_file(source, name)
+    _check_mix(source, name, raws)
     placeholder = choose_placeholder(source, raws)
     scope = collect_scope(raws)
     statements = [statement_at(source, name, number, raw, placeholder, scope) for number, raw in enumerate(raws, 1)]
     return ShardedFile(name=name, source=source, sha256=sha256(source), placeholder=placeholder, statements=tuple(statements))
+
+
+def _check_mix(source: str, name: str, raws: tuple[ast.RawStmt, ...]) -> None:
+    """A CONCURRENTLY statement runs outside a transaction, shard by shard: a file holding one holds nothing else
+    (VALIDATE CONSTRAINT aside, which runs either way)."""
+    online = next((n for n, r in enumerate(raws, 1) if concurrent(r.stmt)), None)
+    other = next((n for n, r in enumerate(raws, 1) if not concurrent(r.stmt) and not validates(r.stmt)), None)
+    if online is None or other is None:
+        return
+
+    def at(n: int) -> str:
+        start = _skip_space(source, raws[n - 1].stmt_location or 0)
+        return f"statement {n} ({_kind(source, start)}, line {line_col(source, start)[0]})"
+    raise InputError(f"{name} mixes {at(online)}, which runs outside a transaction shard by shard, with {at(other)}, which runs in one",
+                     hint="split the file: one with the CONCURRENTLY statements (and VALIDATE CONSTRAINT), one with the rest, applied one after the other")

@@ -25,7 +25,7 @@ CREATE TABLE b (id bigint REFERENCES shard_7.photos (id));
 -- error: statement 1 (CREATE TABLE) cannot be sharded: it names function next_id() in shard schema shard_1 ({file}:26:1): write names unqualified (and next_id() without a schema): pgidgen puts them into every shard itself
 CREATE TABLE a (id bigint DEFAULT shard_1.next_id());
 
--- error: statement 1 (CREATE INDEX) cannot be sharded: CREATE INDEX CONCURRENTLY cannot run inside a transaction, and pgidgen applies each database in one ({file}:29:1): drop CONCURRENTLY (on new or small tables a plain CREATE INDEX is quick); to build an index on large live tables, run CREATE INDEX CONCURRENTLY per shard outside pgidgen
+-- error: statement 1 (CREATE INDEX) cannot be sharded: CREATE INDEX CONCURRENTLY needs an index name ({file}:29:1): name the index (CREATE INDEX CONCURRENTLY t_v_idx ON t (v)): a re-run finds an invalid one left by a failed build by its name
 CREATE INDEX CONCURRENTLY ON photos (user_id);
 
 -- error: statement 1 (CREATE TABLE) cannot be sharded: it would change public.countries once per shard ({file}:32:1): a sharded file creates and changes objects inside the shards only; objects qualified with a schema may be referenced, not created or changed: manage them outside pgidgen
@@ -67,3 +67,9 @@ CREATE TABLE counters (n bigint DEFAULT nextval('s'::text));
 
 -- error: statement 1 (CREATE TABLE) cannot be sharded: nextval() takes its sequence's name as text, looked up on every call through the caller's search_path, not in the shard ({file}:69:1): write nextval('name') with the name as a plain string (or ::regclass): each shard then uses its own sequence
 CREATE TABLE counters (n bigint DEFAULT nextval('s'::text::regclass));
+
+-- error: statement 1 (REINDEX) cannot be sharded: REINDEX without CONCURRENTLY locks the table's writes for the whole rebuild ({file}:72:1): write REINDEX INDEX CONCURRENTLY name (or REINDEX TABLE CONCURRENTLY name): pgidgen runs it shard by shard
+REINDEX TABLE photos;
+
+-- error: statement 1 (REINDEX) cannot be sharded: pgidgen reindexes one index or one table at a time ({file}:75:1): write REINDEX INDEX CONCURRENTLY name or REINDEX TABLE CONCURRENTLY name
+REINDEX SCHEMA CONCURRENTLY shard_1;
