@@ -76,7 +76,8 @@ def test_statement_locks(sql: str, locks: dict[str, str], rewrites: bool | None,
 def test_a_table_the_file_creates_gets_no_warning_and_the_shard_names_are_bare() -> None:
     text = "CREATE TABLE n (id bigint PRIMARY KEY, v int);\nCREATE INDEX ON n (v);\nALTER TABLE n ADD CONSTRAINT ck CHECK (v > 0);\nCREATE INDEX ON t (v);\n"
     plan = plan_file(parse_file(text, "f.sql"))
-    assert [(s.line, [lk.table for lk in s.locks], len(s.warnings)) for s in plan] == [(1, [], 0), (2, ["n"], 0), (3, ["n"], 0), (4, ["t"], 1)]
+    assert [(s.line, [lk.table for lk in s.locks], len(s.warnings), s.harmless) for s in plan] == [
+        (1, [], 0, True), (2, ["n"], 0, True), (3, ["n"], 0, True), (4, ["t"], 1, False)]
     small = plan_file(parse_file(text, "f.sql"), sizes={"t": 8192})
     assert small[3].warnings == []  # known to be small: no warning
 

@@ -66,7 +66,7 @@ def apply_ddl_cmd(
             raise ConfigError("--sql needs --shards N", hint="--sql does not connect, so it renders for shards spread as init --shards N spreads them")
         for line in parsed.summary:
             click.echo(f"-- {line}")
-        for line in lock_lines(plan_file(parsed)):
+        for line in lock_lines([s for s in plan_file(parsed) if not s.harmless]):
             click.echo(f"-- {line}")
         print_sql(render_apply(offline_plan(config, parsed, shards, config.select(databases), commit_every=commit_every)))
         return

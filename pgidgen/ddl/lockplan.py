@@ -80,6 +80,8 @@ class StatementLocks:
     #: every row is read under the lock (a constraint validated, SET NOT NULL, an index built)
     scans: bool = False
     warnings: list[str] = field(default_factory=list)
+    #: every table it locks is one the file created before it (or it locks none): nobody else can be waiting
+    harmless: bool = True
 
     def lock(self, table: str, mode: str) -> None:
         """Keep the strongest mode per table (an ALTER TABLE of several subcommands takes the strongest)."""
@@ -192,6 +194,7 @@ def _plan(items: Iterable[tuple[int, int, str, Any]], names: _Names, sizes: Mapp
     for number, line, kind, node in items:
         rec = StatementLocks(number, line, kind, kind)
         _classify(node, rec, names, created, sizes, big_table)
+        rec.harmless = not rec.warnings and all(lk.table in created for lk in rec.locks)
         if type(node).__name__ in ("CreateStmt", "CreateTableAsStmt"):
             created.add(names(node.relation if hasattr(node, "relation") else node.into.rel))
         out.append(rec)
