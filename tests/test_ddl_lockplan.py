@@ -82,6 +82,17 @@ def test_a_table_the_file_creates_gets_no_warning_and_the_shard_names_are_bare()
     assert small[3].warnings == []  # known to be small: no warning
 
 
+@pytest.mark.parametrize(("before", "change", "rewrites"), [
+    ("character varying(20)", "varchar(40)", False), ("character varying(20)", "text", False), ("text", "varchar", False),
+    ("character varying(20)", "varchar(10)", True), ("integer", "text", True), ("numeric(10,2)", "numeric(12,2)", False),
+    ("numeric(10,2)", "numeric(12,3)", True), ("numeric(10,2)", "numeric", False),
+])
+def test_a_type_change_rewrites_unless_binary_coercible_from_the_type_before(before: str, change: str, rewrites: bool) -> None:
+    [s] = plan_file(parse_file(f"ALTER TABLE t ALTER COLUMN c TYPE {change};", "f.sql"), columns={("t", "c"): before})
+    assert s.rewrites is rewrites and s.retyped == ["t.c"]
+    assert bool(s.warnings) is rewrites and all(f"(from {before})" in w for w in s.warnings)
+
+
 def test_several_subcommands_take_the_strongest_lock() -> None:
     [s] = plan_source("ALTER TABLE t ALTER COLUMN v SET STATISTICS 100, ADD COLUMN w int;")
     assert [(lk.table, lk.mode) for lk in s.locks] == [("t", AE)]
@@ -95,11 +106,12 @@ def cli(config_file: Path, *args: str) -> Result:
 def test_dry_run_reads_table_sizes_from_the_first_shard(config: Config, config_file: Path, tmp_path: Path) -> None:
     init(config, 4, ["db1", "db2"])
     (tmp_path / "t.sql").write_text("CREATE TABLE big (id bigint PRIMARY KEY DEFAULT next_id(), v int, pad text);\n"
-                                    "CREATE TABLE small (id bigint PRIMARY KEY DEFAULT next_id(), v int);\n")
+                                    "CREATE TABLE small (id bigint PRIMARY KEY DEFAULT next_id(), v int, name varchar(20));\n")
     assert cli(config_file, "apply-ddl", str(tmp_path / "t.sql")).exit_code == 0
     with psycopg.connect(config.dsn("db1"), autocommit=True) as conn:  # 12000 rows of 1 kB: over the 10 MB line
         conn.execute("INSERT INTO shard_0.big (v, pad) SELECT g, repeat('x', 1000) FROM generate_series(1, 12000) g")
-    (tmp_path / "idx.sql").write_text("CREATE INDEX ON big (v);\nCREATE INDEX ON small (v);\nALTER TABLE small ADD COLUMN r float8 DEFAULT random();\n")
+    (tmp_path / "idx.sql").write_text("CREATE INDEX ON big (v);\nCREATE INDEX ON small (v);\nALTER TABLE small ADD COLUMN r float8 DEFAULT random();\n"
+                                      "ALTER TABLE small ALTER COLUMN name TYPE varchar(40);\n")
     res = cli(config_file, "apply-ddl", str(tmp_path / "idx.sql"), "--dry-run")
     assert res.exit_code == 0, res.output + res.stderr
     lines = res.stdout.splitlines()
@@ -108,9 +120,10 @@ def test_dry_run_reads_table_sizes_from_the_first_shard(config: Config, config_f
     assert lines[2] == "statement 2 (line 2) CREATE INDEX on small: SHARE on small (writes wait); no rewrite, reads every row"
     assert lines[3] == "statement 3 (line 3) ALTER TABLE small ADD COLUMN r: ACCESS EXCLUSIVE on small (reads and writes wait); rewrites the table"
     assert lines[4].startswith("  warning: ADD COLUMN r rewrites small under ACCESS EXCLUSIVE: its DEFAULT calls random()")
-    assert lines[5] == "dry run of idx.sql: 3 statements, 2 with warnings (table sizes from db1 shard_0); nothing applied"
+    assert lines[5] == "statement 4 (line 4) ALTER TABLE small ALTER COLUMN name TYPE: ACCESS EXCLUSIVE on small (reads and writes wait); no rewrite"
+    assert lines[6] == "dry run of idx.sql: 4 statements, 2 with warnings (table sizes from db1 shard_0); nothing applied"
     data = json.loads(cli(config_file, "apply-ddl", str(tmp_path / "idx.sql"), "--dry-run", "--json").stdout)
-    assert data["sizes_from"] == "db1 shard_0" and [s["locks"][0]["mode"] for s in data["statements"]] == [SHARE, SHARE, AE]
+    assert data["sizes_from"] == "db1 shard_0" and [s["locks"][0]["mode"] for s in data["statements"]] == [SHARE, SHARE, AE, AE]
     with psycopg.connect(config.dsn("db1")) as conn:  # nothing applied
         assert conn.execute("SELECT count(*) FROM pg_indexes WHERE schemaname = 'shard_0'").fetchone() == (2,)
     sql = cli(config_file, "apply-ddl", str(tmp_path / "idx.sql"), "--sql", "--shards", "4").stdout

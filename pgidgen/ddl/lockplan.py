@@ -80,6 +80,8 @@ class StatementLocks:
     #: every row is read under the lock (a constraint validated, SET NOT NULL, an index built)
     scans: bool = False
     warnings: list[str] = field(default_factory=list)
+    #: table.column of each type change whose rewrite depends on the column's type before (read from the first shard)
+    retyped: list[str] = field(default_factory=list)
     #: every table it locks is one the file created before it (or it locks none): nobody else can be waiting
     harmless: bool = True
 
@@ -121,11 +123,13 @@ class _Names:
         return f"{schema}.{rv.relname}"
 
 
-def plan_file(file: Any, *, sizes: Mapping[str, int] | None = None, big_table: int = BIG_TABLE) -> list[StatementLocks]:
-    """The lock plan of a parsed ShardedFile (rewrite.py), statement by statement, from its shard templates."""
+def plan_file(file: Any, *, sizes: Mapping[str, int] | None = None, big_table: int = BIG_TABLE,
+              columns: Mapping[tuple[str, str], str] | None = None) -> list[StatementLocks]:
+    """The lock plan of a parsed ShardedFile (rewrite.py), statement by statement, from its shard templates;
+    sizes: bytes per table, columns: format_type() per (table, column) as the first shard has them."""
     names = _Names(file.placeholder)
     items = [(s.number, s.line, s.kind, parse_sql(s.template)[0].stmt) for s in file.statements]
-    return _plan(items, names, sizes, big_table)
+    return _plan(items, names, sizes, big_table, columns or {})
 
 
 def plan_source(source: str, *, sizes: Mapping[str, int] | None = None, big_table: int = BIG_TABLE) -> list[StatementLocks]:
@@ -134,7 +138,7 @@ def plan_source(source: str, *, sizes: Mapping[str, int] | None = None, big_tabl
     for number, raw in enumerate(parse_sql(source), 1):
         start = _skip_space(source, raw.stmt_location or 0)
         items.append((number, line_col(source, start)[0], _kind(source, start), raw.stmt))
-    return _plan(items, _Names(None), sizes, big_table)
+    return _plan(items, _Names(None), sizes, big_table, {})
 
 
 def tables_of(plan: Iterable[StatementLocks]) -> list[str]:
@@ -181,19 +185,34 @@ def forecast(config: Config, file: Any, databases: Sequence[str], *, big_table: 
                 return Forecast(plan_file(file, big_table=big_table), note=f"table sizes not read: {name} holds no shard")
             shard = int(row[0])
             sizes = read_sizes(conn, schema_name(shard), tables)
+            retyped = [c for s in plan_file(file) for c in s.retyped]
+            columns = read_types(conn, schema_name(shard), retyped) if retyped else {}
     except PgidgenError as e:
         return Forecast(plan_file(file, big_table=big_table), note=f"table sizes not read: {e.what}")
     except psycopg.Error as e:
         return Forecast(plan_file(file, big_table=big_table), note=f"table sizes not read from {name}: {pg_message(e)}")
-    return Forecast(plan_file(file, sizes=sizes, big_table=big_table), sizes_from=f"{name} {schema_name(shard)}")
+    return Forecast(plan_file(file, sizes=sizes, big_table=big_table, columns=columns), sizes_from=f"{name} {schema_name(shard)}")
 
 
-def _plan(items: Iterable[tuple[int, int, str, Any]], names: _Names, sizes: Mapping[str, int] | None, big_table: int) -> list[StatementLocks]:
+def read_types(conn: psycopg.Connection[Any], schema: str, retyped: Sequence[str]) -> dict[tuple[str, str], str]:
+    """format_type() of each table.column that exists in schema (catalog rows only: no lock taken)."""
+    pairs = [c.split(".", 1) for c in retyped]
+    rows = conn.execute(
+        "SELECT t, c, pg_catalog.format_type(a.atttypid, a.atttypmod) FROM unnest(%s::text[], %s::text[]) AS u(t, c)"
+        " JOIN pg_catalog.pg_attribute a ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%%I.%%I', %s::text, t))"
+        " AND a.attname = c AND NOT a.attisdropped",
+        ([p[0] for p in pairs], [p[1] for p in pairs], schema),
+    ).fetchall()
+    return {(str(t), str(c)): str(f) for t, c, f in rows}
+
+
+def _plan(items: Iterable[tuple[int, int, str, Any]], names: _Names, sizes: Mapping[str, int] | None, big_table: int,
+          columns: Mapping[tuple[str, str], str]) -> list[StatementLocks]:
     created: set[str] = set()
     out = []
     for number, line, kind, node in items:
         rec = StatementLocks(number, line, kind, kind)
-        _classify(node, rec, names, created, sizes, big_table)
+        _classify(node, rec, names, created, sizes, big_table, columns)
         rec.harmless = not rec.warnings and all(lk.table in created for lk in rec.locks)
         if type(node).__name__ in ("CreateStmt", "CreateTableAsStmt"):
             created.add(names(node.relation if hasattr(node, "relation") else node.into.rel))
@@ -201,14 +220,15 @@ def _plan(items: Iterable[tuple[int, int, str, Any]], names: _Names, sizes: Mapp
     return out
 
 
-def _classify(node: Any, rec: StatementLocks, names: _Names, created: set[str], sizes: Mapping[str, int] | None, big_table: int) -> None:
+def _classify(node: Any, rec: StatementLocks, names: _Names, created: set[str], sizes: Mapping[str, int] | None, big_table: int,
+              columns: Mapping[tuple[str, str], str]) -> None:
     k = type(node).__name__  # by name: pglast's Optional fields would need a check each under isinstance
     if k == "AlterTableStmt":
         table = names(node.relation)
         rec.what = f"{rec.kind} {table} " + ", ".join(_subcommand(c) for c in node.cmds)
         rec.lock(table, "ACCESS SHARE")  # first in the list; each subcommand raises it
         for cmd in node.cmds:
-            _alter(cmd, table, rec, names, table in created)
+            _alter(cmd, table, rec, names, table in created, columns)
     elif k == "IndexStmt":
         table = names(node.relation)
         rec.what = f"{rec.kind} on {table}"
@@ -324,7 +344,7 @@ def _subcommand(cmd: Any) -> str:
     return text.strip()
 
 
-def _alter(cmd: Any, table: str, rec: StatementLocks, names: _Names, new: bool) -> None:
+def _alter(cmd: Any, table: str, rec: StatementLocks, names: _Names, new: bool, columns: Mapping[tuple[str, str], str]) -> None:
     t = cmd.subtype
     mode = AE
     if t in (AT.AT_SetStatistics, AT.AT_SetOptions, AT.AT_ResetOptions, AT.AT_ClusterOn, AT.AT_DropCluster,
@@ -349,7 +369,7 @@ def _alter(cmd: Any, table: str, rec: StatementLocks, names: _Names, new: bool) 
     elif t == AT.AT_AddColumn:
         _add_column(cmd.def_, table, rec, names, new)
     elif t == AT.AT_AlterColumnType:
-        _type_change(cmd, table, rec, new)
+        _type_change(cmd, table, rec, new, columns.get((table, cmd.name)))
     elif t == AT.AT_SetNotNull:
         rec.scans = True
         if not new:
@@ -417,15 +437,39 @@ def _add_column(col: Any, table: str, rec: StatementLocks, names: _Names, new: b
                             f" EXCLUSIVE: {why}; add the column without a default (or a constant one), then backfill it in batches")
 
 
-def _type_change(cmd: Any, table: str, rec: StatementLocks, new: bool) -> None:
+def _type_change(cmd: Any, table: str, rec: StatementLocks, new: bool, before: str | None) -> None:
     col = cmd.def_
     target = col.typeName.names[-1].sval if col.typeName is not None else ""
+    mods = [m.val.ival for m in col.typeName.typmods or () if isinstance(getattr(m, "val", None), ast.Integer)]
     maybe = target in _MAYBE_COERCIBLE and col.raw_default is None  # USING forces a rewrite
+    if maybe:
+        rec.retyped.append(f"{table}.{cmd.name}")
+    if maybe and before is not None:
+        if _coercible(before, target, mods):
+            return
+        maybe = False
     rec.rewrite(None if maybe else True)
     if not new:
         unless = " unless the change is binary-coercible (varchar(n) to text or a wider varchar, a wider numeric)" if maybe else ""
-        rec.warnings.append(f"ALTER COLUMN {cmd.name} TYPE rewrites {table} and its indexes under ACCESS EXCLUSIVE{unless}:"
+        was = f" (from {before})" if before else ""
+        rec.warnings.append(f"ALTER COLUMN {cmd.name} TYPE{was} rewrites {table} and its indexes under ACCESS EXCLUSIVE{unless}:"
                             " add a new column, backfill it in batches, then swap the names")
+
+
+def _coercible(before: str, target: str, mods: list[int]) -> bool:
+    """Whether PostgreSQL changes the type in the catalog only: varchar(n) or text to text or an unbounded or wider
+    varchar, numeric(p,s) to numeric or a numeric of the same scale and a wider precision."""
+    name, _, rest = before.partition("(")
+    old = [int(x) for x in rest.rstrip(")").split(",")] if rest else []
+    if name in ("character varying", "text"):
+        if target == "text" or (target == "varchar" and not mods):
+            return True
+        return target == "varchar" and name == "character varying" and bool(old) and mods[0] >= old[0]
+    if name == "numeric" and target == "numeric":
+        if not mods:
+            return True
+        return bool(old) and len(mods) == len(old) and mods[0] >= old[0] and mods[1:] == old[1:]
+    return False
 
 
 def _functions(expr: Any) -> list[str]:
