@@ -285,7 +285,7 @@ def _classify(node: Any, rec: StatementLocks, names: _Names, created: set[str], 
     elif k == "ReindexStmt" and node.relation is not None:
         concurrent = any(o.defname == "concurrently" for o in node.params or ())
         rec.lock(names(node.relation), SUE if concurrent else SHARE)
-        rec.rewrite(True)
+        rec.scans = True
         if not concurrent:
             rec.warnings.append("writes wait while the index is rebuilt (and reads using it): use REINDEX CONCURRENTLY")
     elif k == "LockStmt":
