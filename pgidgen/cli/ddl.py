@@ -1,6 +1,7 @@
 """`pgidgen apply-ddl`: a DDL file written once, applied to every shard (pgidgen.ddl holds the work)."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import click
@@ -20,6 +21,7 @@ from .common import Bar, get_config, interactive, parse_duration, print_sql, rep
 @click.option("--owner", metavar="ROLE", help="With --from-schema: the dump's OWNER TO name ROLE (default: left out; objects belong to the role pgidgen runs as).")
 @click.option("--reapply-changed", is_flag=True, help="Run a file whose content changed since it was applied again, on every shard.")
 @click.option("--commit-every", type=int, metavar="N", help="Commit every N shards (default: all at once when the server's lock table holds them, else chunks it sizes; re-runs resume).")
+@click.option("--dry-run", is_flag=True, help="Print per statement the lock it takes on which table, whether it rewrites the table, and warnings with the online alternative; apply nothing.")
 @click.option("--sql", "sql_only", is_flag=True, help="Print the SQL per database without connecting (needs --shards).")
 @click.option("--shards", type=int, help="With --sql: the shard count, shards spread as init spreads them.")
 @click.option("--lock-timeout", default="200ms", show_default=True, metavar="DURATION",
@@ -38,6 +40,7 @@ def apply_ddl_cmd(
     owner: str | None,
     reapply_changed: bool,
     commit_every: int | None,
+    dry_run: bool,
     sql_only: bool,
     shards: int | None,
     lock_timeout: str,
@@ -47,6 +50,7 @@ def apply_ddl_cmd(
 ) -> None:
     """Apply a DDL file written once, unqualified (or a schema dump, --from-schema), to every shard; record it in the ledger."""
     from ..ddl.apply import apply_ddl, offline_plan, read_file, render_apply
+    from ..ddl.lockplan import plan_file
     from ..lockwait import LockPolicy
 
     config = get_config(ctx)
@@ -54,10 +58,17 @@ def apply_ddl_cmd(
     parsed = read_file(file, name, from_schema=from_schema, owner=owner)
     if shards is not None and not sql_only:
         raise ConfigError("--shards is only used with --sql", hint="apply-ddl applies to the shards the databases hold")
+    if dry_run:
+        if sql_only:
+            raise ConfigError("--dry-run and --sql are two ways to look before applying", hint="give one of them")
+        _dry_run(config, parsed, config.select(databases), as_json)
+        return
     if sql_only:
         if shards is None:
             raise ConfigError("--sql needs --shards N", hint="--sql does not connect, so it renders for shards spread as init --shards N spreads them")
         for line in parsed.summary:
+            click.echo(f"-- {line}")
+        for line in lock_lines([s for s in plan_file(parsed) if not s.harmless]):
             click.echo(f"-- {line}")
         plan = offline_plan(config, parsed, shards, config.select(databases), commit_every=commit_every)
         print_sql(render_apply(plan), transaction=not plan.online)
@@ -84,6 +95,31 @@ def apply_ddl_cmd(
     report(result.outcomes, as_json)
     if not as_json and not result.changed:
         click.echo(f"nothing to do: every shard already has {parsed.name} (#{result.plan.version.position}, sha256 {parsed.sha256[:12]})")
+
+
+def _dry_run(config: Any, parsed: Any, databases: list[str], as_json: bool) -> None:
+    from ..ddl.lockplan import forecast
+
+    result = forecast(config, parsed, databases)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    for line in lock_lines(result.statements):
+        click.echo(line)
+    if result.note:
+        click.echo(result.note, err=True)
+    warned = sum(1 for s in result.statements if s.warnings)
+    sizes = f"table sizes from {result.sizes_from}" if result.sizes_from else "no table sizes"
+    click.echo(f"dry run of {parsed.name}: {len(result.statements)} statements, {warned} with warnings ({sizes}); nothing applied")
+
+
+def lock_lines(statements: Any) -> list[str]:
+    """Per statement its locks and rewrite, then its warnings indented (what --dry-run prints, and --sql as comments)."""
+    lines = []
+    for s in statements:
+        lines.append(s.describe())
+        lines.extend(f"  warning: {w}" for w in s.warnings)
+    return lines
 
 
 def _minutes(text: str) -> str:

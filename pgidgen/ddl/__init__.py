@@ -7,6 +7,7 @@
 - `ledger.py`: the ledger in each database's catalog, and replaying it for new shards;
 - `apply.py`: `pgidgen apply-ddl` (plan, render, execute);
 - `locks.py`: how many shards one apply-ddl transaction takes, from the server's lock table;
+- `lockplan.py`: what each statement of a file will lock, rewrite or scan (`apply-ddl --dry-run`);
 - `drift.py`: comparing the shards' schemas (`pgidgen status --drift`).
 """
 from __future__ import annotations

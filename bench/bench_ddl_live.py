@@ -1,0 +1,165 @@
+"""apply-ddl on live shards: an application's query latency while ALTER TABLE ... ADD COLUMN meets a long transaction.
+
+One session holds a transaction open (PGIDGEN_BENCH_HOLD seconds, default 5; the issue's case is 30) after reading
+the table of the last shard of db1, so apply-ddl's transaction on db1 has locked every other shard of db1 when it
+meets the blocker. Meanwhile an application (two threads, reads and inserts on random shards of both databases
+through plain psycopg) times every query. Printed: its p99 and max during the apply against the lock timeout plus
+50 ms (issue 32's target), against the same application with no apply running, and against a plain ALTER without a
+lock timeout; and that the apply completes once the transaction ends. PGIDGEN_BENCH_LIVE_SHARDS (default 200; the
+issue's case is 2000) shards over two databases.
+"""
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import threading
+import time
+
+import psycopg
+from common import row, section, servers, table
+
+from pgidgen.config import Config
+from pgidgen.ddl import parse_file
+from pgidgen.ddl.apply import apply_ddl
+from pgidgen.init import init, spread
+from pgidgen.layout import Layout
+from pgidgen.lockwait import LockPolicy
+
+SHARDS = int(os.environ.get("PGIDGEN_BENCH_LIVE_SHARDS", "200"))
+HOLD = float(os.environ.get("PGIDGEN_BENCH_HOLD", "5"))
+LOCK_TIMEOUT = 0.2
+THREADS = 2
+
+
+class App:
+    """THREADS threads of reads and inserts on random shards; every query's (start, seconds)."""
+
+    def __init__(self, config: Config, where: dict[int, str]) -> None:
+        self.config, self.where = config, where
+        self.stop = threading.Event()
+        self.samples: list[tuple[float, float, str]] = []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.loop, args=(i,)) for i in range(THREADS)]
+
+    def __enter__(self) -> App:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+    def loop(self, seed: int) -> None:
+        rnd = random.Random(seed)
+        conns = {name: psycopg.connect(dsn, autocommit=True, application_name="app") for name, dsn in self.config.databases.items()}
+        mine = []
+        try:
+            while not self.stop.is_set():
+                shard = rnd.randrange(SHARDS)
+                conn = conns[self.where[shard]]
+                t0 = time.monotonic()
+                if rnd.random() < 0.5:
+                    conn.execute(f"SELECT count(*) FROM shard_{shard}.t").fetchone()
+                else:
+                    conn.execute(f"INSERT INTO shard_{shard}.t (v) VALUES (1)")
+                mine.append((t0, time.monotonic() - t0, self.where[shard]))
+                time.sleep(0.002)
+        finally:
+            for c in conns.values():
+                c.close()
+            with self.lock:
+                self.samples.extend(mine)
+
+    def between(self, start: float, end: float, database: str | None = None) -> list[float]:
+        return sorted(s for t0, s, db in self.samples if start <= t0 <= end and database in (None, db))
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[98] if len(values) >= 2 else (values[0] if values else 0.0)
+
+
+class Ended(threading.Event):
+    at = 0.0
+
+
+def blocker(config: Config, shard: int) -> tuple[psycopg.Connection[tuple[int]], Ended]:
+    """A report's transaction open on shard's table for HOLD seconds; the event is set (and stamped) when it ended."""
+    conn = psycopg.connect(config.databases["db1"], application_name="monthly report")
+    conn.execute(f"SELECT count(*) FROM shard_{shard}.t")
+    ended = Ended()
+
+    def end() -> None:
+        conn.rollback()
+        ended.at = time.monotonic()
+        ended.set()
+
+    threading.Timer(HOLD, end).start()
+    return conn, ended
+
+
+def added(config: Config, column: str) -> int:
+    n = 0
+    for dsn in config.databases.values():
+        with psycopg.connect(dsn) as conn:
+            r = conn.execute("SELECT count(*) FROM pg_attribute WHERE attname = %s AND NOT attisdropped"
+                             " AND attrelid::regclass::text LIKE 'shard_%%.t'", (column,)).fetchone()
+            n += int(r[0]) if r else 0
+    return n
+
+
+def live_apply(config: Config, where: dict[int, str], blocked: int, column: str, commit_every: int | None) -> None:
+    waits: list[float] = []
+    conn, ended = blocker(config, blocked)
+    with App(config, where) as app:
+        t0 = time.monotonic()
+        apply_ddl(config, parse_file(f"ALTER TABLE t ADD COLUMN {column} text;\n", f"{column}.sql"), commit_every=commit_every,
+                  lock_policy=LockPolicy(lock_timeout=LOCK_TIMEOUT, wait=HOLD + 120),
+                  on_lock_wait=lambda name, shards, holders, waited: waits.append(waited))
+        t1 = time.monotonic()
+        ended.wait()
+    conn.close()
+    during = app.between(t0, t1)
+    how = "one transaction per database" if commit_every is None else f"--commit-every {commit_every}"
+    table([("apply-ddl " + how, f"{t1 - t0:.1f} s, {len(waits)} lock waits reported, {len(during)} app queries meanwhile"),
+           ("completed once the transaction ended", f"{'yes' if t1 >= ended.at else 'NO (before it)'}, {t1 - ended.at:.2f} s after it;"
+            f" column on {added(config, column)} of {SHARDS} shards")])
+    if commit_every is None:
+        table([("note", "all or nothing across databases: db2's transaction, done, keeps its locks until db1's commits")])
+    target = (LOCK_TIMEOUT + 0.05) * 1000
+    for db in (None, *config.databases):
+        some = app.between(t0, t1, db)
+        on = f" on {db}" if db else ""
+        row(f"app p99{on} during the apply ({how})", p99(some) * 1000, "ms", target, "lock timeout + 50 ms")
+        row(f"app max{on} during the apply ({how})", (some[-1] if some else 0) * 1000, "ms", target, "lock timeout + 50 ms")
+
+
+def run() -> None:
+    with servers(2) as started:
+        config = Config(layout=Layout.make(), databases={s.name: s.dsn for s in started})
+        init(config, SHARDS)
+        where = {s: name for name, shards in spread(SHARDS, list(config.databases)).items() for s in shards}
+        apply_ddl(config, parse_file("CREATE TABLE t (id bigint PRIMARY KEY DEFAULT next_id(), v int);\n", "t.sql"))
+        blocked = max(s for s, name in where.items() if name == "db1")
+        section(f"ALTER TABLE ADD COLUMN on {SHARDS} shards over 2 databases; shard_{blocked}'s table read by a transaction open {HOLD:.0f} s;"
+                f" lock timeout {LOCK_TIMEOUT * 1000:.0f} ms")
+        with App(config, where) as app:
+            t0 = time.monotonic()
+            time.sleep(2)
+        quiet = app.between(t0, time.monotonic())
+        row("app p99, no apply running", p99(quiet) * 1000, "ms")
+        row("app max, no apply running", quiet[-1] * 1000, "ms")
+        live_apply(config, where, blocked, "note", None)
+        live_apply(config, where, blocked, "note2", 50)
+
+        conn, ended = blocker(config, blocked)  # what the issue measured: a plain ALTER queues the application
+        with App(config, where) as app, psycopg.connect(config.databases["db1"], autocommit=True) as ddl:
+            t0 = time.monotonic()
+            ddl.execute(f"ALTER TABLE shard_{blocked}.t ADD COLUMN plain text")
+            t1 = time.monotonic()
+        conn.close()
+        during = app.between(t0, t1)
+        row("app max during a plain ALTER of that one shard", (during[-1] if during else 0) * 1000, "ms",
+            (LOCK_TIMEOUT + 0.05) * 1000, "lock timeout + 50 ms")
