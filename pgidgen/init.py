@@ -301,7 +301,7 @@ def init(
 
 def size_init(plan: InitPlan, budgets: Mapping[str, LockBudget], history: Mapping[int, FileVersion]) -> dict[str, Sizing]:
     """Each database's Sizing from its server's lock table: a shard's own objects (SHARD_LOCKS) and the ledger's
-    files replayed on it (their estimate), the catalog's locks reserved."""
+    files replayed on it (their estimate); the catalog's locks reserved in the first transaction."""
     per_shard = SHARD_LOCKS + (estimate_locks(history.values()) - PER_SHARD if history else 0)
     shared = sharing({n: budgets[n] for n in plan.assignment if plan.assignment[n]})
     out: dict[str, Sizing] = {}
@@ -309,9 +309,8 @@ def size_init(plan: InitPlan, budgets: Mapping[str, LockBudget], history: Mappin
         if not shards:
             continue
         b = budgets[name]
-        reserved = CATALOG_LOCKS if plan.install_catalog.get(name, True) else 0
-        out[name] = sizing = Sizing(len(shards), len(shards), capacity=b.capacity, room=room(b, shared[name], reserved=reserved),
-                                    resumes=INIT_RESUMES)
+        out[name] = sizing = Sizing(len(shards), len(shards), capacity=b.capacity, room=room(b, shared[name]), resumes=INIT_RESUMES,
+                                    reserved=CATALOG_LOCKS if plan.install_catalog.get(name, True) else 0)
         sizing.refit(per_shard)
     return out
 
@@ -392,7 +391,7 @@ class _Run:
         while True:
             rest = shards[len(self.committed):]
             sizing = self.plan.sizing.get(self.name)
-            self._retried(rest[:sizing.per_tx] if sizing is not None else rest, rest)
+            self._retried(rest[:(sizing.per_tx if self.committed else sizing.first)] if sizing is not None else rest, rest)
             if len(self.committed) == len(shards):
                 return
 
@@ -449,7 +448,7 @@ class _Run:
                     if sizing is not None and not self.measured:
                         self.measured = True
                         sizing.check(-(-(held(conn) - before) // len(part)) + self.files_locks)
-                        group = group[:max(sizing.per_tx, len(part))]
+                        group = group[:max(sizing.per_tx if self.committed else sizing.first, len(part))]
                     done += len(part)
                     self.tick(done - ticked[0])
                     ticked[0] = max(ticked[0], done)

@@ -62,10 +62,18 @@ class Sizing:
     room: int = 0  # the locks one transaction of this database may take
     chosen: bool = False  # by --commit-every
     resumes: str = LEDGER_RESUMES
+    reserved: int = 0  # locks the first transaction takes besides its shards (init's catalog)
+
+    @property
+    def first(self) -> int:
+        """Shards in the first transaction."""
+        if self.chosen or not self.reserved:
+            return min(self.shards, self.per_tx)
+        return max(1, min(self.shards, self.per_tx, (self.room - self.reserved) // max(1, self.locks_per_shard)))
 
     @property
     def transactions(self) -> int:
-        return max(1, -(-self.shards // self.per_tx)) if self.shards else 0
+        return 1 + -(-(self.shards - self.first) // self.per_tx) if self.shards else 0
 
     @property
     def chunked(self) -> bool:
@@ -91,10 +99,9 @@ class Sizing:
         self.refit(measured)
 
 
-def room(budget: LockBudget, sharing: int, *, reserved: int = 0) -> int:
-    """HEADROOM of the free lock table, split between the databases working on this server at once, less what
-    each transaction takes besides its shards (reserved)."""
-    return max(0, max(0, int(budget.capacity * HEADROOM) - budget.in_use) // max(1, sharing) - reserved)
+def room(budget: LockBudget, sharing: int) -> int:
+    """HEADROOM of the free lock table, split between the databases working on this server at once."""
+    return max(0, int(budget.capacity * HEADROOM) - budget.in_use) // max(1, sharing)
 
 
 def sharing(budgets: Mapping[str, LockBudget]) -> dict[str, int]:
