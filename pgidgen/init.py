@@ -22,7 +22,7 @@ import psycopg
 
 from .catalog import IDENTITY_SQL, CatalogState, read_state
 from .config import Config
-from .db import Outcome, connect, each_database, execute_script, read_each, transaction
+from .db import Outcome, connect, each_database, execute_script, interrupted, read_each, transaction
 from .ddl.ledger import FileVersion, lock_sql, read_history, replay_for_new_shards
 from .ddl.locks import PER_SHARD, estimate_locks
 from .errors import ConfigError, ConflictError, DatabaseError, PgidgenError
@@ -389,6 +389,8 @@ class _Run:
     def all(self) -> None:
         shards = self.plan.assignment[self.name]
         while True:
+            if self.committed and interrupted():  # Ctrl-C between transactions: none more
+                raise DatabaseError(f"database {self.name}: interrupted, the shards not yet committed were not made")
             rest = shards[len(self.committed):]
             sizing = self.plan.sizing.get(self.name)
             self._retried(rest[:(sizing.per_tx if self.committed else sizing.first)] if sizing is not None else rest, rest)
@@ -442,6 +444,8 @@ class _Run:
                     execute_script(conn, render_head(plan, name))
                 done = 0
                 while done < len(group):
+                    if interrupted():  # Ctrl-C while this batch was rendered (no statement running to cancel)
+                        raise DatabaseError(f"database {name}: interrupted, rolled back")
                     part = group[done:done + BATCH]
                     before = held(conn) if sizing is not None and not self.measured else 0
                     execute_script(conn, "".join(render_shard(plan.layout, s, grant_roles=plan.grant_roles, generator=plan.generator) for s in part))
