@@ -24,8 +24,9 @@ SHARDS = 600  # one transaction of them runs out of shared memory on that server
 
 
 def seen(config: Config) -> tuple[set[int], set[int], set[int]]:
-    """(shards the catalog lists, shard schemas, shard schemas whole: both sequences and next_id())."""
-    with psycopg.connect(config.databases["a"], autocommit=True) as conn:
+    """(shards the catalog lists, shard schemas, shard schemas whole: both sequences and next_id()), as one snapshot."""
+    with psycopg.connect(config.databases["a"]) as conn:  # one snapshot for both reads (repeatable read)
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         if conn.execute("SELECT to_regclass('pgidgen.shards') IS NULL").fetchone() == (True,):
             listed: set[int] = set()
         else:
