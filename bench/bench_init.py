@@ -1,4 +1,6 @@
-"""init: `pgidgen init --shards 2000` over two databases vs `psql -f` of the SQL that `--sql` prints."""
+"""init: `pgidgen init --shards 2000` over two databases vs `psql -f` of the SQL that `--sql` prints; and
+`init --shards 8192` (Instagram's layout) on one server of PostgreSQL's default lock settings, where one transaction
+of them does not fit: init splits it by the lock table, psql -f runs the same SQL with a COMMIT at the same places."""
 from __future__ import annotations
 
 import os
@@ -12,15 +14,58 @@ import psycopg
 from common import best_of, psql, row, section, servers
 
 from pgidgen.config import Config, write_config
-from pgidgen.init import offline_plan, render_init
+from pgidgen.init import BATCH, SHARD_LOCKS, offline_plan, render_database, render_init
 from pgidgen.layout import Layout
+from pgidgen.locktable import read_budget, room
 
 SHARDS = int(os.environ.get("BENCH_INIT_SHARDS", "2000"))
+#: The layout's shard count, on one server of default lock settings (BENCH_INIT_FULL=0 leaves it out).
+FULL = int(os.environ.get("BENCH_INIT_FULL", "8192"))
+#: PostgreSQL's defaults for what sizes the lock table (the sandbox raises them for the move tests).
+DEFAULT_LOCKS = {"max_locks_per_transaction": "64", "max_connections": "100"}
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 PGIDGEN = str(Path(sys.executable).parent / "pgidgen")
 
 
 def run() -> None:
+    two_databases()
+    if FULL:
+        full_layout()
+
+
+def full_layout() -> None:
+    with servers(1, **DEFAULT_LOCKS) as srv, tempfile.TemporaryDirectory() as tmp:
+        dsn = srv[0].dsn
+        layout = Layout.make()
+        cfg_path = Path(tmp) / "pgidgen.toml"
+        write_config(cfg_path, layout, {"db1": dsn})
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            per_tx = room(read_budget(conn), 1) // SHARD_LOCKS  # what init gives each transaction there
+        chunks = render_database(offline_plan(Config(layout=layout, databases={"db1": dsn}), FULL, ["db1"]), "db1")
+        text, in_tx = "BEGIN;\n" + chunks[0], 0
+        for chunk in chunks[1:]:
+            if in_tx + BATCH > per_tx:
+                text, in_tx = text + "COMMIT;\nBEGIN;\n", 0
+            text, in_tx = text + chunk, in_tx + BATCH
+        sql_file = Path(tmp) / "full.sql"
+        sql_file.write_text(text + "COMMIT;\n")
+
+        def reset() -> None:
+            admin = dsn.rsplit("/", 1)[0] + "/postgres"
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute("DROP DATABASE IF EXISTS app WITH (FORCE)")
+                conn.execute("CREATE DATABASE app")
+
+        section(f"init --shards {FULL} on one server of default lock settings (max_locks_per_transaction 64, max_connections 100),"
+                f" median of {RUNS} runs")
+        t_psql = best_of(RUNS, lambda: psql(dsn, file=sql_file), reset)
+        t_init = best_of(RUNS, lambda: subprocess.run([PGIDGEN, "--config", str(cfg_path), "init", "--shards", str(FULL)], check=True,
+                                                      stdout=subprocess.DEVNULL), reset)
+        row(f"psql -f, {FULL} shards, COMMIT every ~{per_tx // BATCH * BATCH}", t_psql, "s")
+        row(f"pgidgen init, {FULL} shards (chunked by itself)", t_init, "s", t_psql, "of psql (goal <= 1.10x)")
+
+
+def two_databases() -> None:
     with servers(2) as srv, tempfile.TemporaryDirectory() as tmp:
         dsns = {s.name: s.dsn for s in srv}
         layout = Layout.make()

@@ -1,24 +1,30 @@
 """`pgidgen init`: the catalog and the shard schemas, spread over the databases in contiguous ranges.
 
-Policy: one transaction per database. Each database either gets everything planned for it or nothing; the
-report says per database what happened. Databases run in parallel. New shards get the sharded-DDL ledger
-replayed in the same transaction (pgidgen/ddl/ledger.py), so they hold exactly what the other shards hold.
+Policy: one transaction per database when the server's lock table holds all its new shards' locks (each database
+gets everything planned for it or nothing); otherwise transactions of whole shards sized from the lock table
+(pgidgen/locktable.py), each committed, so a run that stops leaves only whole shards and a run again creates the
+rest. A shard's schema, generator, grants, catalog row and replayed DDL always commit together: the catalog never
+lists a shard that is not whole. The report says per database what happened. Databases run in parallel. New
+shards get the sharded-DDL ledger replayed in their own transaction (pgidgen/ddl/ledger.py), so they hold exactly
+what the other shards hold. Every lock is taken under a short lock_timeout and retried (pgidgen/lockwait.py): the
+catalog's tables and the tables a replayed file references may be in use by the application.
 """
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
 from .catalog import IDENTITY_SQL, CatalogState, read_state
 from .config import Config
-from .db import Outcome, connect, each_database, execute_script, read_each, transaction
-from .ddl.ledger import read_history, replay_for_new_shards
+from .db import Outcome, connect, each_database, execute_script, interrupted, read_each, transaction
+from .ddl.ledger import FileVersion, lock_sql, read_history, replay_for_new_shards
+from .ddl.locks import PER_SHARD, estimate_locks
 from .errors import ConfigError, ConflictError, DatabaseError, PgidgenError
 from .idgen import (
     CATALOG_REVISION,
@@ -35,10 +41,19 @@ from .idgen import (
     schema_name,
 )
 from .layout import Layout, iso_ms
-from .ranges import collapse
+from .locktable import LockBudget, Sizing, held, read_budget, room, sharing
+from .lockwait import Holder, LockPolicy, LockWaitExceeded, holders
+from .ranges import collapse, spread
 
 BATCH = 100
+#: Locks one shard's own objects hold until commit (schema, sequences, functions, catalog row: 6 measured on 15 and
+#: 18, 8 for a transaction's first shard), rounded up; a run measures its first batch and shrinks when it took more.
+SHARD_LOCKS = 7
+#: Locks the catalog's installation holds (~100 measured), kept out of the shards' share of the lock table.
+CATALOG_LOCKS = 120
+INIT_RESUMES = "each commits whole shards with their catalog rows, so init run again creates only the missing ones"
 Progress = Callable[[int], None]
+LockWait = Callable[[str, list[int], list[Holder], float], None]
 
 
 @dataclass
@@ -51,19 +66,12 @@ class InitPlan:
     install_catalog: dict[str, bool]
     grant_roles: tuple[str, ...] = ()
     generator: str = DEFAULT_GENERATOR
+    #: how each database's new shards are split into transactions (filled once the servers are read)
+    sizing: dict[str, Sizing] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
         return sum(len(v) for v in self.assignment.values())
-
-
-def spread(shard_count: int, databases: Sequence[str]) -> dict[str, list[int]]:
-    """Even contiguous ranges: shard i goes to databases[i * len // count]."""
-    n = len(databases)
-    out: dict[str, list[int]] = {name: [] for name in databases}
-    for shard in range(shard_count):
-        out[databases[shard * n // shard_count]].append(shard)
-    return out
 
 
 def check_roles(roles: Sequence[str]) -> tuple[str, ...]:
@@ -106,15 +114,19 @@ def render_init(plan: InitPlan) -> dict[str, str]:
     return {name: (render_order_probe() if plan.assignment[name] else "") + "".join(render_database(plan, name)) for name in plan.assignment}
 
 
-def render_database(plan: InitPlan, name: str) -> list[str]:
-    """Chunks of SQL for one database: the catalog, then batches of shards."""
-    chunks: list[str] = []
+def render_head(plan: InitPlan, name: str) -> str:
+    """What a database's first transaction runs before its shards: the catalog and its grants."""
     head = f"-- pgidgen init: database {name}\n"
     if plan.install_catalog.get(name, True):
         head += render_catalog(plan.layout, shard_count=plan.shard_count, generator=plan.generator)
     if plan.grant_roles:
         head += render_catalog_grants(plan.grant_roles)
-    chunks.append(head)
+    return head
+
+
+def render_database(plan: InitPlan, name: str) -> list[str]:
+    """Chunks of SQL for one database: the catalog, then batches of shards."""
+    chunks = [render_head(plan, name)]
     shards = plan.assignment[name]
     for i in range(0, len(shards), BATCH):
         chunks.append("".join(render_shard(plan.layout, s, grant_roles=plan.grant_roles, generator=plan.generator) for s in shards[i:i + BATCH]))
@@ -272,24 +284,50 @@ def init(
     grant_roles: Sequence[str] = (),
     progress: Progress | None = None,
     on_plan: Callable[[InitPlan], None] | None = None,
+    lock_policy: LockPolicy | None = None,
+    on_lock_wait: LockWait | None = None,
 ) -> list[Outcome]:
-    """Create what is missing; on_plan sees the plan before anything runs (to size a progress bar)."""
+    """Create what is missing; on_plan sees the plan (with its sizing) before anything runs (to size a progress bar).
+
+    Each transaction takes its locks under lock_policy's short lock_timeout: one that cannot get a lock in time rolls
+    back (the shards committed before stay), pauses and tries again until lock_policy.wait, then LockWaitExceeded;
+    on_lock_wait(database, shards, holders, seconds waited) says who held it.
+    """
     names = config.select(list(databases) if databases else None)
     with one_init_at_a_time(config, list(config.databases)):
-        return _init(config, shard_count, names, grant_roles=grant_roles, progress=progress, on_plan=on_plan)
+        return _init(config, shard_count, names, grant_roles=grant_roles, progress=progress, on_plan=on_plan,
+                     policy=lock_policy or LockPolicy(), on_lock_wait=on_lock_wait)
+
+
+def size_init(plan: InitPlan, budgets: Mapping[str, LockBudget], history: Mapping[int, FileVersion]) -> dict[str, Sizing]:
+    """Each database's Sizing from its server's lock table: a shard's own objects (SHARD_LOCKS) and the ledger's
+    files replayed on it (their estimate); the catalog's locks reserved in the first transaction."""
+    per_shard = SHARD_LOCKS + (estimate_locks(history.values()) - PER_SHARD if history else 0)
+    shared = sharing({n: budgets[n] for n in plan.assignment if plan.assignment[n]})
+    out: dict[str, Sizing] = {}
+    for name, shards in plan.assignment.items():
+        if not shards:
+            continue
+        b = budgets[name]
+        out[name] = sizing = Sizing(len(shards), len(shards), capacity=b.capacity, room=room(b, shared[name]), resumes=INIT_RESUMES,
+                                    reserved=CATALOG_LOCKS if plan.install_catalog.get(name, True) else 0)
+        sizing.refit(per_shard)
+    return out
 
 
 def _init(config: Config, shard_count: int, names: list[str], *, grant_roles: Sequence[str], progress: Progress | None,
-          on_plan: Callable[[InitPlan], None] | None) -> list[Outcome]:
+          on_plan: Callable[[InitPlan], None] | None, policy: LockPolicy, on_lock_wait: LockWait | None) -> list[Outcome]:
     plan, states = plan_init(config, shard_count, names, grant_roles=grant_roles)
     check_grant_roles(config, names, plan.grant_roles)
     history = read_history(config, list(config.databases)) if plan.total else {}
+    busy = [n for n in names if plan.assignment[n]]
+    plan.sizing = size_init(plan, read_each(config, busy, read_budget)[0], history) if busy else {}
     if on_plan is not None:
         on_plan(plan)
     lock = threading.Lock()
 
     def tick(n: int) -> None:
-        if progress is not None:
+        if progress is not None and n > 0:
             with lock:
                 progress(n)
 
@@ -297,46 +335,149 @@ def _init(config: Config, shard_count: int, names: list[str], *, grant_roles: Se
         shards = plan.assignment[name]
         needs_work = bool(shards) or plan.install_catalog[name] or bool(plan.grant_roles)
         if not needs_work:
-            held = sorted(states[name].active)
-            return Outcome(name, changed=False, summary=f"unchanged (holds {len(held)} shards: {collapse(held) or 'none'})")
-        chunks = render_database(plan, name)
-        if plan.grant_roles:  # the shards already there get the same grants (and lose any older, wider ones)
-            existing = sorted(states[name].active - set(shards))
-            chunks += [render_shard_grants(existing[i:i + BATCH], plan.grant_roles) for i in range(0, len(existing), BATCH)]
-        with transaction(name, config.dsn(name), doing="initialising shards") as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, INIT_LOCK))
-            again = read_state(conn)
-            if again.active != states[name].active or again.has_catalog != states[name].has_catalog:
-                raise DatabaseError(f"database {name} changed while init was planning", hint="another init ran at the same time; run init again")
-            if shards:
-                check_argument_order(conn, name)
-            execute_script(conn, chunks[0])
-            done = 0
-            for chunk in chunks[1:]:
-                execute_script(conn, chunk)
-                n = min(BATCH, len(shards) - done)
-                done += n
-                tick(n)
-            replayed = replay_for_new_shards(conn, shards, history)
-            for chunk in replayed.chunks:
-                execute_script(conn, chunk)
+            held_now = sorted(states[name].active)
+            return Outcome(name, changed=False, summary=f"unchanged (holds {len(held_now)} shards: {collapse(held_now) or 'none'})")
+        run = _Run(config, plan, name, states[name], history, policy, on_lock_wait, tick)
+        run.all()
         parts = []
         if plan.install_catalog[name]:
             parts.append(f"catalog upgraded to revision {CATALOG_REVISION}" if states[name].has_catalog and states[name].layout is not None
                          else "catalog installed")
         parts.append(f"created {len(shards)} shards ({collapse(shards) or 'none'})")
-        if shards and replayed.files:
-            parts.append(f"replayed {replayed.files} sharded DDL files on them")
+        if shards and run.replayed:
+            parts.append(f"replayed {run.replayed} sharded DDL files on them")
         if plan.grant_roles:
             parts.append(f"granted to {', '.join(plan.grant_roles)}")
-        return Outcome(name, changed=True, summary=", ".join(parts), details={"created": len(shards)})
+        if run.transactions > 1:
+            parts.append(f"in {run.transactions} transactions")
+        return Outcome(name, changed=True, summary=", ".join(parts), details={"created": len(shards), "transactions": run.transactions})
 
     results = each_database(names, work)
     outcomes: list[Outcome] = []
     for name in names:
         res = results[name]
         if isinstance(res, PgidgenError):
-            outcomes.append(Outcome(name, ok=False, summary="failed, rolled back", error=res.render()))
+            committed = getattr(res, "committed", [])
+            outcomes.append(Outcome(name, ok=False, summary=f"failed; shards {collapse(committed)} were committed before" if committed
+                                    else "failed, rolled back", error=res.render()))
         else:
             outcomes.append(res)
     return outcomes
+
+
+class _LockTimedOut(Exception):
+    def __init__(self, who: list[Holder]) -> None:
+        super().__init__("lock timeout")
+        self.who = who
+
+
+class _Run:
+    """One database's init: its shards in the transactions plan.sizing gives it, each whole (a shard's schema,
+    generator, catalog row, grants and replayed DDL commit together), each retried under the lock policy."""
+
+    def __init__(self, config: Config, plan: InitPlan, name: str, state: CatalogState, history: Mapping[int, FileVersion],
+                 policy: LockPolicy, on_lock_wait: LockWait | None, tick: Progress) -> None:
+        self.config, self.plan, self.name, self.state, self.history = config, plan, name, state, history
+        self.policy, self.on_lock_wait, self.tick = policy, on_lock_wait, tick
+        self.committed: list[int] = []
+        self.catalog_done = False
+        self.transactions = 0
+        self.replayed = 0
+        self.measured = False  # the first batch's locks, checked against the estimate
+        self.files_locks = estimate_locks(history.values()) - PER_SHARD if history else 0
+
+    def all(self) -> None:
+        shards = self.plan.assignment[self.name]
+        while True:
+            if self.committed and interrupted():  # Ctrl-C between transactions: none more
+                raise DatabaseError(f"database {self.name}: interrupted, the shards not yet committed were not made")
+            rest = shards[len(self.committed):]
+            sizing = self.plan.sizing.get(self.name)
+            self._retried(rest[:(sizing.per_tx if self.committed else sizing.first)] if sizing is not None else rest, rest)
+            if len(self.committed) == len(shards):
+                return
+
+    def _retried(self, group: list[int], rest: list[int]) -> None:
+        began, pause, ticked = time.monotonic(), self.policy.sleeps(), [0]
+        while True:
+            try:
+                self._one(group, rest, ticked)
+                return
+            except _LockTimedOut as e:
+                waited = time.monotonic() - began
+                if self.on_lock_wait is not None:
+                    self.on_lock_wait(self.name, group, e.who, waited)
+                sleep = pause()
+                if waited + sleep > self.policy.wait:
+                    who = "; ".join(h.describe() for h in e.who[:3]) or "a session that has since let go"
+                    done = f"shards {collapse(self.committed)} were committed before" if self.committed else "nothing was created there"
+                    err = LockWaitExceeded(f"gave up after {waited:.0f} s waiting for a lock held by {who}",
+                                           where=f"{self.name}, {_shards(group) if group else 'the catalog'}",
+                                           hint=f"end or wait for that transaction (pg_terminate_backend(pid) ends it), then run init again ({done})")
+                    err.committed = list(self.committed)  # type: ignore[attr-defined]
+                    raise err from None
+                time.sleep(sleep)
+            except PgidgenError as e:
+                e.committed = list(self.committed)  # type: ignore[attr-defined]
+                if self.committed:
+                    e.hint = (f"shards {collapse(self.committed)} were committed before, whole (run init again once the cause is fixed: it creates"
+                              f" only the missing ones){'; ' + e.hint if e.hint else ''}")
+                raise
+
+    def _one(self, group: list[int], rest: list[int], ticked: list[int]) -> None:
+        """One transaction: the catalog (the first time), then group's shards, fewer when the first batch took more
+        locks per shard than estimated, their replayed DDL, and (with the last shards) the grants on the others."""
+        plan, name = self.plan, self.name
+        sizing = plan.sizing.get(name)
+        with transaction(name, self.config.dsn(name), doing="initialising shards") as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, INIT_LOCK))
+            if group:  # the ledger's lock first too: waiting for an apply-ddl queues no application query
+                execute_script(conn, lock_sql())
+            conn.execute(f"SET LOCAL lock_timeout = '{max(1, round(self.policy.lock_timeout * 1000))}ms'".encode())
+            try:
+                again = read_state(conn, schemas=False)
+                if again.active != self.state.active | set(self.committed) or again.has_catalog != (self.state.has_catalog or self.catalog_done):
+                    raise DatabaseError(f"database {name} changed while init was planning", hint="another init ran at the same time; run init again")
+                if not self.catalog_done:
+                    if plan.assignment[name]:
+                        check_argument_order(conn, name)
+                    execute_script(conn, render_head(plan, name))
+                done = 0
+                while done < len(group):
+                    if interrupted():  # Ctrl-C while this batch was rendered (no statement running to cancel)
+                        raise DatabaseError(f"database {name}: interrupted, rolled back")
+                    part = group[done:done + BATCH]
+                    before = held(conn) if sizing is not None and not self.measured else 0
+                    execute_script(conn, "".join(render_shard(plan.layout, s, grant_roles=plan.grant_roles, generator=plan.generator) for s in part))
+                    if sizing is not None and not self.measured:
+                        self.measured = True
+                        sizing.check(-(-(held(conn) - before) // len(part)) + self.files_locks)
+                        group = group[:max(sizing.per_tx if self.committed else sizing.first, len(part))]
+                    done += len(part)
+                    self.tick(done - ticked[0])
+                    ticked[0] = max(ticked[0], done)
+                replayed = replay_for_new_shards(conn, group, self.history)
+                for chunk in replayed.chunks:
+                    execute_script(conn, chunk)
+                if len(group) == len(rest) and plan.grant_roles:  # the shards already there get the same grants (and lose older, wider ones)
+                    existing = sorted(self.state.active - set(plan.assignment[name]))
+                    for i in range(0, len(existing), BATCH):
+                        execute_script(conn, render_shard_grants(existing[i:i + BATCH], plan.grant_roles))
+            except psycopg.errors.LockNotAvailable:
+                conn.rollback()
+                raise _LockTimedOut(holders(conn, _touched(conn, group))) from None
+        self.transactions += 1
+        self.catalog_done = True
+        self.committed += group
+        self.replayed = max(self.replayed, replayed.files)
+
+
+def _touched(conn: psycopg.Connection[Any], group: Sequence[int]) -> list[str]:
+    """The schemas whose tables init may lock: its catalog's, the new shards', and any other schema a replayed file
+    may reference (public, the application's); never the shards already there."""
+    rows = conn.execute("SELECT nspname FROM pg_catalog.pg_namespace WHERE nspname !~ '^(pg_|shard_[0-9])' AND nspname <> 'information_schema'")
+    return [str(r[0]) for r in rows] + [schema_name(s) for s in group]
+
+
+def _shards(shards: Sequence[int]) -> str:
+    return f"shards {collapse(list(shards))}" if len(shards) > 1 else f"shard {shards[0]}"

@@ -1,7 +1,7 @@
 """Shard numbers as collapsed ranges: [0, 1, 2, 5] <-> "0-2,5"."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from .errors import InputError
 
@@ -41,4 +41,14 @@ def expand(text: str) -> list[int]:
         if b - a + 1 + len(out) > MAX_SHARDS:
             raise InputError(f"{text!r} names more than {MAX_SHARDS} shards", hint="name the shards that exist: see 'pgidgen map'")
         out.extend(range(a, b + 1))
+    return out
+
+
+def spread(shard_count: int, databases: Sequence[str]) -> dict[str, list[int]]:
+    """Even contiguous ranges: shard i goes to databases[i * len // count] (init's layout; apply-ddl --sql renders
+    for it)."""
+    n = len(databases)
+    out: dict[str, list[int]] = {name: [] for name in databases}
+    for shard in range(shard_count):
+        out[databases[shard * n // shard_count]].append(shard)
     return out

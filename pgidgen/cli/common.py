@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import re
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -140,3 +141,55 @@ def parse_wait(text: str, option: str) -> float:
 def typed(ctx: click.Context, name: str) -> bool:
     """Whether the option was given on the command line (else its default: a resumed move keeps its journal's)."""
     return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def lock_options(what: str = "a shard's tables") -> Callable[[F], F]:
+    """--lock-timeout and --lock-wait, for the commands that take locks on tables the application uses."""
+    return lambda f: _lock_options(f, what)
+
+
+def _lock_options(f: F, what: str) -> F:
+    f = click.option("--lock-wait", default="3m", show_default=True, metavar="DURATION",
+                     help="How long tries go on (rolled back, paused, tried again) while a session keeps a lock; then exit 1 naming it.")(f)
+    return click.option("--lock-timeout", default="200ms", show_default=True, metavar="DURATION",
+                        help=f"Longest one try waits for a lock on {what} (so the longest the application's queries queue behind it).")(f)
+
+
+def lock_policy(lock_timeout: str, lock_wait: str) -> Any:
+    from ..lockwait import LockPolicy
+
+    return LockPolicy(lock_timeout=parse_duration(lock_timeout, "--lock-timeout"), wait=parse_duration(minutes(lock_wait), "--lock-wait"))
+
+
+def minutes(text: str) -> str:
+    """'3m' as seconds ('180s'); what parse_duration takes otherwise as it is."""
+    t = text.strip().lower()
+    try:
+        return f"{float(t[:-1]) * 60}s" if t.endswith("m") and not t.endswith("ms") else text
+    except ValueError:
+        return text
+
+
+class LockWaits:
+    """A line on stderr when a database's transaction waited for a lock (its first wait, then every 5 s of it):
+    who held it, so an operator can act before the deadline."""
+
+    def __init__(self, bar: Bar) -> None:
+        self.bar = bar
+        self.said: dict[str, float] = {}
+        self.online = False  # apply-ddl's online statements (CONCURRENTLY) wait without the application queueing
+
+    def say(self, name: str, shards: list[int], holders: list[Any], waited: float) -> None:
+        if name in self.said and waited - self.said[name] < 5:
+            return
+        self.said[name] = waited
+        who = "; ".join(h.describe() for h in holders[:2]) or "a session that has since let go"
+        first = f"shard_{shards[0]}" + (f" (and {len(shards) - 1} more)" if len(shards) > 1 else "") if shards else "the catalog"
+        if self.online:
+            line = f"{name}: {first} waits for {who}; the application's queries do not queue behind it ({waited:.0f} s so far)"
+        else:
+            line = f"{name}: {first} waits for a lock held by {who}; rolled back, trying again ({waited:.0f} s so far)"
+        click.echo(("\n" if self.bar._bar is not None else "") + line, err=True)

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from ..errors import ConfigError
-from .common import Bar, get_config, interactive, parse_duration, print_sql, report
+from .common import Bar, LockWaits, get_config, interactive, lock_options, lock_policy, print_sql, report
 
 # -- apply-ddl -----------------------------------------------------------------------------------------
 
@@ -24,10 +24,7 @@ from .common import Bar, get_config, interactive, parse_duration, print_sql, rep
 @click.option("--dry-run", is_flag=True, help="Print per statement the lock it takes on which table, whether it rewrites the table, and warnings with the online alternative; apply nothing.")
 @click.option("--sql", "sql_only", is_flag=True, help="Print the SQL per database without connecting (needs --shards).")
 @click.option("--shards", type=int, help="With --sql: the shard count, shards spread as init spreads them.")
-@click.option("--lock-timeout", default="200ms", show_default=True, metavar="DURATION",
-              help="Longest one try waits for a lock on a shard's tables (so the longest the application's queries queue behind it).")
-@click.option("--lock-wait", default="3m", show_default=True, metavar="DURATION",
-              help="How long tries go on (rolled back, paused, tried again) while a session keeps a lock; then exit 1 naming it.")
+@lock_options()
 @click.option("--jobs", type=int, metavar="N", help="Databases worked on at once (default: all of them, at most 16).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report, no progress bar.")
 @click.pass_context
@@ -51,10 +48,9 @@ def apply_ddl_cmd(
     """Apply a DDL file written once, unqualified (or a schema dump, --from-schema), to every shard; record it in the ledger."""
     from ..ddl.apply import apply_ddl, offline_plan, read_file, render_apply
     from ..ddl.lockplan import plan_file
-    from ..lockwait import LockPolicy
 
     config = get_config(ctx)
-    policy = LockPolicy(lock_timeout=parse_duration(lock_timeout, "--lock-timeout"), wait=parse_duration(_minutes(lock_wait), "--lock-wait"))
+    policy = lock_policy(lock_timeout, lock_wait)
     parsed = read_file(file, name, from_schema=from_schema, owner=owner)
     if shards is not None and not sql_only:
         raise ConfigError("--shards is only used with --sql", hint="apply-ddl applies to the shards the databases hold")
@@ -76,7 +72,7 @@ def apply_ddl_cmd(
     for line in parsed.summary:
         click.echo(line, err=as_json)
     bar = Bar(interactive(as_json), f"applying {parsed.name}")
-    waits = _Waits(bar)
+    waits = LockWaits(bar)
     try:
         result = apply_ddl(
             config,
@@ -122,38 +118,7 @@ def lock_lines(statements: Any) -> list[str]:
     return lines
 
 
-def _minutes(text: str) -> str:
-    """'3m' as seconds ('180s'); what parse_duration takes otherwise as it is."""
-    t = text.strip().lower()
-    try:
-        return f"{float(t[:-1]) * 60}s" if t.endswith("m") and not t.endswith("ms") else text
-    except ValueError:
-        return text
-
-
-class _Waits:
-    """A line on stderr when a database's transaction waited for a lock (its first wait, then every 5 s of it):
-    who held it, so an operator can act before the deadline."""
-
-    def __init__(self, bar: Bar) -> None:
-        self.bar = bar
-        self.said: dict[str, float] = {}
-        self.online = False
-
-    def say(self, name: str, shards: list[int], holders: list[Any], waited: float) -> None:
-        if name in self.said and waited - self.said[name] < 5:
-            return
-        self.said[name] = waited
-        who = "; ".join(h.describe() for h in holders[:2]) or "a session that has since let go"
-        first = f"shard_{shards[0]}" + (f" (and {len(shards) - 1} more)" if len(shards) > 1 else "")
-        if self.online:  # CONCURRENTLY waits for older transactions without making the application queue
-            line = f"{name}: {first} waits for {who}; the application's queries do not queue behind it ({waited:.0f} s so far)"
-        else:
-            line = f"{name}: {first} waits for a lock held by {who}; rolled back, trying again ({waited:.0f} s so far)"
-        click.echo(("\n" if self.bar._bar is not None else "") + line, err=True)
-
-
-def _planned(plan: Any, bar: Bar, waits: _Waits) -> None:
+def _planned(plan: Any, bar: Bar, waits: LockWaits) -> None:
     waits.online = plan.online
     if plan.online and bar.enabled:
         click.echo(f"{plan.file.name}: online statements: shard by shard outside a transaction, each shard recorded when done", err=True)

@@ -4,11 +4,12 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import click
 
 from ..layout import INSTAGRAM_EPOCH_MS, Layout, parse_epoch, parse_id
-from .common import Bar, TakesNegatives, get_config, interactive, parse_key, print_sql, report
+from .common import Bar, LockWaits, TakesNegatives, get_config, interactive, lock_options, lock_policy, parse_key, print_sql, report
 
 # -- layout --------------------------------------------------------------------------------------------
 
@@ -38,25 +39,37 @@ def layout_cmd(ctx: click.Context, as_json: bool) -> None:
 @click.option("--databases", metavar="NAMES", help="Comma-separated databases to spread new shards over (default: all).")
 @click.option("--grant", "grant_roles", multiple=True, metavar="ROLE", help="Let ROLE use the shards (repeatable).")
 @click.option("--sql", "sql_only", is_flag=True, help="Print the SQL per database without connecting anywhere.")
+@lock_options("pgidgen's catalog or a table a replayed DDL file references")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report, no progress bar.")
 @click.pass_context
-def init_cmd(ctx: click.Context, shards: int, databases: str | None, grant_roles: tuple[str, ...], sql_only: bool, as_json: bool) -> None:
+def init_cmd(ctx: click.Context, shards: int, databases: str | None, grant_roles: tuple[str, ...], sql_only: bool, lock_timeout: str,
+             lock_wait: str, as_json: bool) -> None:
     """Create the catalog and the shard schemas, each with its sequences and next_id()."""
     from ..init import init, offline_plan, render_init
 
     config = get_config(ctx)
     names = config.select(databases)
+    policy = lock_policy(lock_timeout, lock_wait)
     if sql_only:
         print_sql(render_init(offline_plan(config, shards, names, grant_roles=grant_roles)))
         return
     bar = Bar(interactive(as_json), "creating shards")
     try:
-        outcomes = init(config, shards, names, grant_roles=grant_roles, progress=bar.advance, on_plan=lambda p: bar.start(p.total))
+        outcomes = init(config, shards, names, grant_roles=grant_roles, progress=bar.advance, on_plan=lambda p: _planned(p, bar),
+                        lock_policy=policy, on_lock_wait=None if as_json else LockWaits(bar).say)
     finally:
         bar.close()
     report(outcomes, as_json)
     if not as_json and not any(o.changed for o in outcomes):
         click.echo("nothing to do: every shard already exists")
+
+
+def _planned(plan: Any, bar: Bar) -> None:
+    """On a terminal, one line per database split into several transactions, before the work starts."""
+    for name, sizing in plan.sizing.items():
+        if bar.enabled and sizing.chunked:
+            click.echo(sizing.describe(name), err=True)
+    bar.start(plan.total)
 
 
 # -- decode --------------------------------------------------------------------------------------------
