@@ -8,6 +8,7 @@ empty (they stay, as the ledger records their DDL). Nothing is written before so
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import uuid
@@ -130,7 +131,9 @@ def _schema(config: Config, dsn: str, plan: ImportPlan, say: Say) -> None:
     if done.returncode != 0:
         raise DatabaseError(f"pg_dump of the source's schema failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}",
                             where="the source")
-    parsed = parse_dump(done.stdout, f"import-{plan.schema}.sql", plan.schema)
+    # pg_dump's \restrict lines carry a random key: without them a resumed import's dump is the recorded file again
+    text = re.sub(r"^\\(?:un)?restrict .*\n", "", done.stdout, flags=re.M)
+    parsed = parse_dump(text, f"import-{plan.schema}.sql", plan.schema)
     for line in parsed.summary:
         say(line)
     apply_ddl(config, parsed)
@@ -324,7 +327,7 @@ def rollback_import(config: Config, source_dsn: str, *, schema: str, say: Say = 
             with conn.transaction():
                 attached = _attached(conn, plan)
                 execute_script(conn, sqltext.unstage_sql(plan, name, attached) if conn.execute(
-                    "SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (WORK_SCHEMA,)).fetchone() else "")
+                    "SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (WORK_SCHEMA,)).fetchone() is not None else "")
                 if all(conn.execute("SELECT pg_catalog.to_regclass(%s)", (sql.Identifier(schema_name(s), t.name).as_string(conn),)).fetchone() != (None,)
                        for t in plan.tables for s in plan.targets[name]):
                     execute_script(conn, sqltext.empty_shards_sql(plan, name))

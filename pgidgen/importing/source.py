@@ -154,7 +154,7 @@ def _check_server(source: psycopg.Connection[Any]) -> None:
     if not row[1]:
         raise DatabaseError("the source's role may not CREATE in its database", where="the source",
                             hint=f"GRANT CREATE ON DATABASE <it> TO <role>: import keeps its journal in a schema {WORK_SCHEMA} there")
-    if source.execute("SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (WORK_SCHEMA,)).fetchone():
+    if source.execute("SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (WORK_SCHEMA,)).fetchone() is not None:
         raise ConflictError(f"the source has a schema {WORK_SCHEMA} but no import under way in this schema",
                             hint="an import of another schema, or a finished one: drop that schema if it is a leftover")
 
@@ -170,7 +170,7 @@ def _check_target(config: Config, name: str, plan: ImportPlan) -> bool:
             if row is None or not row[0]:
                 raise DatabaseError(f"database {name}'s role may not create subscriptions",
                                     hint="connect as a superuser, or (PostgreSQL 16+) GRANT pg_create_subscription TO <role>")
-            if conn.execute("SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (WORK_SCHEMA,)).fetchone():
+            if conn.execute("SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (WORK_SCHEMA,)).fetchone() is not None:
                 raise ConflictError(f"database {name} has a schema {WORK_SCHEMA} left from an import",
                                     hint="run pgidgen import --rollback SOURCE if one is under way, else drop it")
             has_schema = conn.execute("SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (plan.schema,)).fetchone() is not None
