@@ -254,8 +254,8 @@ def _verify(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, resu
                 if have.get(s, 0) != want.get(s, 0):
                     problems.append(f"{schema_name(s)}.{t.name} on {name}: {have.get(s, 0)} rows, the source {want.get(s, 0)}")
     if problems:
-        raise DatabaseError("verification failed: " + "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""),
-                            hint="the source's writes are stopped: pgidgen import --rollback lets them go on, nothing lost")
+        detail = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
+        raise DatabaseError(f"verification failed: {detail}", hint="the source's writes are stopped: pgidgen import --rollback lets them go on, nothing lost")
 
 
 def _teardown(config: Config, src: psycopg.Connection[Any], plan: ImportPlan) -> None:
