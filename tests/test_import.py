@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,12 +14,14 @@ import pytest
 from click.testing import CliRunner
 from conftest import TestServer, fresh_database
 from movekit import leftovers
+from psycopg import sql
 
 from pgidgen.cli import main
 from pgidgen.config import Config, write_config
 from pgidgen.errors import PgidgenError
 from pgidgen.importing import plan_import, resume_import, rollback_import, start_import
 from pgidgen.init import init
+from pgidgen.layout import Layout
 
 SHARDS = 16
 SOURCE = """
@@ -179,3 +182,52 @@ def _config_file(cfg: Config, tmp: Path) -> str:
     path = tmp / "pgidgen.toml"
     write_config(path, cfg.layout, cfg.databases)
     return str(path)
+
+
+@pytest.mark.versions
+def test_a_15_source_into_18_shards(pg_major_server: Any) -> None:
+    """Another major than the shards': the source's pg_dump by the newest client, replication across majors."""
+    old, new = pg_major_server(15), pg_major_server(18)
+    for s in (old, new):
+        with psycopg.connect(s.dsn, autocommit=True) as c:  # 15-17 start subscriptions at most every 5 s otherwise
+            c.execute("ALTER SYSTEM SET wal_retrieve_retry_interval = '100ms'")
+            c.execute("SELECT pg_reload_conf()")
+    gens = [fresh_database(old), fresh_database(new), fresh_database(new)]
+    try:
+        src, db1, db2 = (next(g) for g in gens)
+        with psycopg.connect(src, autocommit=True) as c:
+            c.execute(SOURCE)
+        cfg = Config(layout=Layout.make(), databases={"db1": db1, "db2": db2})
+        assert all(o.ok for o in init(cfg, SHARDS))
+        done = start_import(cfg, src, schema="public", key="user_id", skip=["countries"])
+        assert done.step == "done" and done.verified == {"logs": 100, "photos": 300, "users": 126}
+        with psycopg.connect(src) as c:
+            want = sorted(c.execute("SELECT id, user_id FROM photos").fetchall())
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction, match="public.photos was imported into pgidgen's shards"):
+                c.execute("DELETE FROM photos")
+        photos = _rows(cfg, "photos", "id, user_id")
+        assert sorted(r for _, r in photos) == want and all(shard == user % SHARDS for shard, (_, user) in photos)
+        assert leftovers({"source": src, **cfg.databases}) == []
+    finally:
+        for g in gens:
+            g.close()
+
+
+def test_a_role_without_the_rights_is_refused(source: str, two: Config) -> None:
+    role = "imp_" + uuid.uuid4().hex[:8]
+    params = psycopg.conninfo.conninfo_to_dict(source)
+    with psycopg.connect(source, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        as_role = psycopg.conninfo.make_conninfo(**{**params, "user": role})
+        with pytest.raises(PgidgenError, match="the source's role lacks REPLICATION"):
+            plan_import(two, as_role, schema="public", key="user_id", skip=["countries"])
+        with psycopg.connect(source, autocommit=True) as c:
+            c.execute(sql.SQL("ALTER ROLE {} REPLICATION").format(sql.Identifier(role)))
+            c.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(sql.Identifier(str(params["dbname"])), sql.Identifier(role)))
+        with pytest.raises(PgidgenError, match=r"the source's role does not own public\.logs"):
+            plan_import(two, as_role, schema="public", key="user_id", skip=["countries"])
+    finally:
+        with psycopg.connect(source, autocommit=True) as c:
+            c.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            c.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
