@@ -231,3 +231,44 @@ def test_a_role_without_the_rights_is_refused(source: str, two: Config) -> None:
         with psycopg.connect(source, autocommit=True) as c:
             c.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             c.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+class Crash(Exception):
+    pass
+
+
+POINTS = ["after:schema", "after:staging", "after:replicating", "after:copied", "after:frozen", "after:verified", "done:replication-dropped"]
+
+
+def _crash_at(point: str) -> Any:
+    def hook(where: str) -> None:
+        if where == point:
+            raise Crash(point)
+    return hook
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_stopped_at_each_step_then_resumed(source: str, two: Config, point: str) -> None:
+    with pytest.raises(Crash):
+        start_import(two, source, schema="public", key="user_id", skip=["countries"], hook=_crash_at(point))
+    done = resume_import(two, source, schema="public")
+    verified = {} if point == "done:replication-dropped" else {"logs": 100, "photos": 300, "users": 126}  # verified before the stop
+    assert done.step == "done" and done.verified == verified
+    with psycopg.connect(source) as c:
+        assert sorted(r for _, r in _rows(two, "photos", "id, user_id")) == sorted(c.execute("SELECT id, user_id FROM photos").fetchall())
+    assert leftovers({"source": source, **two.databases}) == []
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_stopped_at_each_step_then_rolled_back(source: str, two: Config, point: str) -> None:
+    with pytest.raises(Crash):
+        start_import(two, source, schema="public", key="user_id", skip=["countries"], hook=_crash_at(point))
+    rollback_import(two, source, schema="public")
+    assert leftovers({"source": source, **two.databases}) == []
+    assert _rows(two, "photos", "id") == []
+    with psycopg.connect(source) as c:
+        c.execute("UPDATE photos SET caption = 'after' WHERE id = 1")  # serving as before
+        assert c.execute("SELECT to_regnamespace('pgidgen_import')").fetchone() == (None,)
+    for dsn in two.databases.values():
+        with psycopg.connect(dsn) as c:
+            assert c.execute("SELECT to_regclass('public.photos'), to_regnamespace('pgidgen_import')").fetchone() == (None, None)

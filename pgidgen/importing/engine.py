@@ -32,6 +32,8 @@ from .source import WORK_SCHEMA, ImportPlan, inspect, shard_expr
 
 STEPS = ("started", "schema", "staging", "replicating", "copied", "frozen", "verified", "done")
 Say = Callable[[str], None]
+#: called at named points (after each step's work, before its journal line): tests stop an import there
+Hook = Callable[[str], None]
 
 
 @dataclass
@@ -72,29 +74,31 @@ def plan_import(config: Config, source_dsn: str, *, schema: str, key: str, skip:
 
 
 def start_import(config: Config, source_dsn: str, *, schema: str, key: str, skip: list[str], follow: bool = False,
-                 say: Say = lambda _: None, lock_policy: LockPolicy | None = None) -> ImportResult:
+                 say: Say = lambda _: None, lock_policy: LockPolicy | None = None, hook: Hook | None = None) -> ImportResult:
     plan = plan_import(config, source_dsn, schema=schema, key=key, skip=skip, follow=follow)
     with _source(source_dsn) as conn:
         with conn.transaction():
             execute_script(conn, sqltext.journal_sql())
             conn.execute("INSERT INTO pgidgen_import.journal (schema_name, step, plan) VALUES (%s, 'started', %s)",
                          (schema, json.dumps(plan.as_json())))
-    return _run(config, source_dsn, plan, "started", cutover=not follow, say=say, lock_policy=lock_policy)
+    return _run(config, source_dsn, plan, "started", cutover=not follow, say=say, lock_policy=lock_policy, hook=hook)
 
 
 def resume_import(config: Config, source_dsn: str, *, schema: str, cutover: bool = False, say: Say = lambda _: None,
-                  lock_policy: LockPolicy | None = None) -> ImportResult:
+                  lock_policy: LockPolicy | None = None, hook: Hook | None = None) -> ImportResult:
     """--resume goes as far as the import was asked to (to `copied` with --follow); --cutover to the end."""
     with _source(source_dsn) as conn:
         found = _journal(conn, schema)
     if found is None:
         raise InputError(f"no import of schema {schema} is under way", where="the source", hint="start one with pgidgen import SOURCE --key COLUMN")
     step, plan = found
-    return _run(config, source_dsn, plan, step, cutover=cutover or not plan.follow, say=say, lock_policy=lock_policy)
+    return _run(config, source_dsn, plan, step, cutover=cutover or not plan.follow, say=say, lock_policy=lock_policy, hook=hook)
 
 
-def _run(config: Config, dsn: str, plan: ImportPlan, step: str, *, cutover: bool, say: Say, lock_policy: LockPolicy | None) -> ImportResult:
+def _run(config: Config, dsn: str, plan: ImportPlan, step: str, *, cutover: bool, say: Say, lock_policy: LockPolicy | None,
+         hook: Hook | None) -> ImportResult:
     result = ImportResult(plan, step)
+    at = hook or (lambda _: None)
     with _source(dsn) as src:
         steps: list[tuple[str, Callable[[], None]]] = [
             ("schema", lambda: _schema(config, dsn, plan, say)),
@@ -103,7 +107,7 @@ def _run(config: Config, dsn: str, plan: ImportPlan, step: str, *, cutover: bool
             ("copied", lambda: _wait_copied(config, src, plan, result, say)),
             ("frozen", lambda: _freeze(config, src, plan, result, lock_policy)),
             ("verified", lambda: _verify(config, src, plan, result)),
-            ("done", lambda: _teardown(config, src, plan)),
+            ("done", lambda: _teardown(config, src, plan, at)),
         ]
         for name, work in steps:
             if STEPS.index(name) <= STEPS.index(step):
@@ -113,6 +117,7 @@ def _run(config: Config, dsn: str, plan: ImportPlan, step: str, *, cutover: bool
                 break
             say(f"import: {name}")
             work()
+            at(f"after:{name}")
             _record(src, plan, name)
             result.step = step = name
         if result.pause_s is not None:
@@ -258,9 +263,10 @@ def _verify(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, resu
         raise DatabaseError(f"verification failed: {detail}", hint="the source's writes are stopped: pgidgen import --rollback lets them go on, nothing lost")
 
 
-def _teardown(config: Config, src: psycopg.Connection[Any], plan: ImportPlan) -> None:
+def _teardown(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, at: Hook) -> None:
     """Replication gone, staging tables taken apart (the shards' tables stay), sequences carried over."""
     _drop_replication(config, src, plan)
+    at("done:replication-dropped")
     values = {}
     for seq in plan.sequences:
         row = src.execute(sql.SQL("SELECT last_value, is_called FROM {}").format(sql.Identifier(plan.schema, seq))).fetchone()
