@@ -20,6 +20,7 @@ from pgidgen.cli import main
 from pgidgen.config import Config, write_config
 from pgidgen.errors import PgidgenError
 from pgidgen.importing import plan_import, resume_import, rollback_import, start_import
+from pgidgen.importing.sqltext import shard_filter
 from pgidgen.init import init
 from pgidgen.layout import Layout
 
@@ -173,7 +174,8 @@ def test_dry_run_plans_and_writes_nothing(source: str, two: Config, tmp_path: Pa
     result = CliRunner().invoke(main, ["--config", _config_file(two, tmp_path), "import", source, "--key", "user_id", "--skip", "countries", "--dry-run"])
     assert result.exit_code == 0, result.output
     assert 'ATTACH PARTITION "shard_9"."users" FOR VALUES IN (9);' in result.output
-    assert "WHERE ((((\"user_id\" % 16) + 16) % 16) IN (0, 1, 2, 3, 4, 5, 6, 7))" in result.output
+    assert 'WHERE (((("user_id" % 16) + 16) % 16) BETWEEN 0 AND 7)' in result.output
+    assert shard_filter("k", [0, 1, 2, 5, 7, 8]) == "k BETWEEN 0 AND 2 OR k = 5 OR k BETWEEN 7 AND 8"
     with psycopg.connect(source) as c:
         assert c.execute("SELECT to_regnamespace('pgidgen_import')").fetchone() == (None,)
 

@@ -25,8 +25,17 @@ def _q(*parts: str) -> str:
     return _s(sql.Identifier(*parts))
 
 
-def _shard_list(shards: list[int]) -> str:
-    return ", ".join(str(int(s)) for s in shards)
+def shard_filter(expr: str, shards: list[int]) -> str:
+    """The shards as ranges (`expr BETWEEN 0 AND 999`): a row filter runs for every row, a list of 1000 shards
+    would be searched for each."""
+    runs: list[list[int]] = []
+    for s in sorted(shards):
+        if runs and runs[-1][1] == s - 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    parts = [f"{expr} = {a}" if a == b else f"{expr} BETWEEN {a} AND {b}" for a, b in runs]
+    return " OR ".join(parts)
 
 
 def journal_sql() -> str:
@@ -64,7 +73,7 @@ def publication_sql(plan: ImportPlan, database: str) -> str:
     for t in plan.tables:
         member = _q(plan.schema, t.name)
         if t.filtered:
-            member += f" WHERE ({expr} IN ({_shard_list(plan.targets[database])}))"
+            member += f" WHERE ({shard_filter(expr, plan.targets[database])})"
         members.append(member)
     members.append(_q(WORK_SCHEMA, "heartbeat"))
     return f"CREATE PUBLICATION {_q(plan.slot(database))} FOR TABLE {', '.join(members)};\n"
