@@ -20,6 +20,7 @@ AREAS = [
     ("pgidgen/check.py", "pgidgen check", "commands/check.md"),
     ("pgidgen/cli/fleet.py", "Moves: move-shard, rebalance, cleanup", "commands/cleanup.md"),
     ("pgidgen/cli/moves.py", "Moves: move-shard, rebalance, cleanup", "commands/move-shard.md"),
+    ("pgidgen/cli/importing.py", "import", "commands/import.md"),
     ("pgidgen/cli/", "The command line", "commands/README.md"),
     ("pgidgen/config.py", "Configuration and layout", "configuration.md"),
     ("pgidgen/layout.py", "Configuration and layout", "configuration.md"),
@@ -33,6 +34,7 @@ AREAS = [
     ("pgidgen/shardmap.py", "map and status", "commands/map.md"),
     ("pgidgen/sizes.py", "map and status", "commands/map.md"),
     ("pgidgen/ddl/", "apply-ddl and status --drift", "commands/apply-ddl.md"),
+    ("pgidgen/importing/", "import", "commands/import.md"),
     ("pgidgen/move/", "Moves: move-shard, rebalance, cleanup", "commands/move-shard.md"),
     ("pgidgen/routing/", "The Router (application side)", "guide.md#the-application-side-routing-connections-an-example-app"),
     ("pgidgen/integrations/", "The Router (application side)", "orm.md"),
@@ -45,7 +47,7 @@ AREAS = [
 
 
 ORDER = ["The command line", "Configuration and layout", "Connecting to databases", "init and the catalog", "map and status",
-         "apply-ddl and status --drift", "Moves: move-shard, rebalance, cleanup", "pgidgen check", "The Router (application side)",
+         "apply-ddl and status --drift", "Moves: move-shard, rebalance, cleanup", "import", "pgidgen check", "The Router (application side)",
          "sandbox and PostgreSQL's programs", "Elsewhere"]
 
 

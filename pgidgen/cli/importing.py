@@ -1,0 +1,70 @@
+"""`pgidgen import`: an unsharded database's tables into the shards, online (pgidgen.importing holds the work)."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..errors import ConfigError
+from .common import get_config, interactive
+
+
+@click.command("import")
+@click.argument("source", metavar="SOURCE_DSN")
+@click.option("--schema", default="public", show_default=True, help="The source schema whose tables are imported.")
+@click.option("--key", metavar="COLUMN", help="The shard key column every imported table has (shard = key % shard count).")
+@click.option("--skip", metavar="TABLES", help="Comma-separated tables of the schema to leave alone (not imported).")
+@click.option("--follow", is_flag=True, help="Copy, then keep carrying the source's changes over until 'pgidgen import --cutover'.")
+@click.option("--cutover", is_flag=True, help="Go on with an import started with --follow: stop the source's writes, verify, finish.")
+@click.option("--resume", is_flag=True, help="Go on with an interrupted import from its last journaled step.")
+@click.option("--rollback", is_flag=True, help="Undo an import that has not finished: the source as it was, the shards' tables empty.")
+@click.option("--dry-run", is_flag=True, help="Check and print the plan and the SQL per database; write nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
+@click.pass_context
+def import_cmd(ctx: click.Context, source: str, schema: str, key: str | None, skip: str | None, follow: bool, cutover: bool,
+               resume: bool, rollback: bool, dry_run: bool, as_json: bool) -> None:
+    """Import an unsharded database's tables into the shards, online: copied, kept in step, verified, cut over."""
+    from ..importing import plan_import, resume_import, rollback_import, sqltext, start_import
+
+    config = get_config(ctx)
+    if sum((cutover, resume, rollback, dry_run)) > 1:
+        raise ConfigError("--cutover, --resume, --rollback and --dry-run go one at a time", hint="give one of them")
+    say = (lambda line: click.echo(line, err=True)) if interactive(as_json) else (lambda _line: None)
+    if rollback:
+        plan = rollback_import(config, source, schema=schema, say=say)
+        click.echo(json.dumps({"schema": plan.schema, "rolled_back": True}) if as_json else
+                   f"rolled back the import of {plan.schema}: the source serves as before; the shards' tables are empty")
+        return
+    if cutover or resume:
+        result = resume_import(config, source, schema=schema, cutover=cutover, say=say)
+    else:
+        if not key:
+            raise ConfigError("pgidgen import needs --key COLUMN", hint="name the column every table is sharded by, e.g. --key user_id")
+        skipped = [s.strip() for s in (skip or "").split(",") if s.strip()]
+        if dry_run:
+            plan = plan_import(config, source, schema=schema, key=key, skip=skipped, follow=follow)
+            if as_json:
+                click.echo(json.dumps(plan.as_json(), indent=2))
+                return
+            for t in plan.tables:
+                click.echo(f"-- {plan.schema}.{t.name}: about {t.rows} rows, {t.bytes} bytes; rows filtered by shard: {'yes' if t.filtered else 'no (catch-all)'}")
+            for name in plan.targets:
+                click.echo(f"-- ===== database {name} ({len(plan.targets[name])} shards) =====")
+                click.echo(sqltext.staging_sql(plan, name).rstrip("\n"))
+                click.echo(f"-- ===== the source, for {name} =====")
+                click.echo((sqltext.publication_sql(plan, name) + sqltext.slot_sql(plan, name)).rstrip("\n"))
+                click.echo(f"-- ===== database {name} =====")
+                click.echo(sqltext.subscription_sql(plan, name, source, show=True).rstrip("\n"))
+            return
+        result = start_import(config, source, schema=schema, key=key, skip=skipped, follow=follow, say=say)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+    elif result.step == "done":
+        rows = sum(result.verified.values())
+        click.echo(f"imported {len(result.plan.tables)} tables of {result.plan.schema} ({rows} rows, verified per shard) into"
+                   f" {result.plan.shard_count} shards on {', '.join(result.plan.targets)}")
+        if result.pause_s is not None:
+            click.echo(f"write pause: {result.pause_s * 1000:.0f} ms; writes to the source's tables now fail: write through the Router")
+    else:
+        lag = ", ".join(f"{n} {b} bytes behind" for n, b in result.lag_bytes.items())
+        click.echo(f"copied; following the source's changes ({lag}): run pgidgen import --cutover SOURCE when ready")

@@ -1,0 +1,13 @@
+"""Where an unsharded database comes into the shards: `pgidgen import`.
+
+- source.py: the source read (tables, key, replica identity, sequences) and every refusal, before anything is written;
+- sqltext.py: the SQL, rendered as text (staging tables partitioned by shard, publications, subscriptions, the
+  cutover's trigger), which the engine runs and --dry-run prints;
+- engine.py: the named steps, journaled in the source, resumed or rolled back.
+"""
+from __future__ import annotations
+
+from .engine import ImportResult, plan_import, resume_import, rollback_import, start_import
+from .source import ImportPlan
+
+__all__ = ["ImportPlan", "ImportResult", "plan_import", "resume_import", "rollback_import", "start_import"]

@@ -1,0 +1,344 @@
+"""The import's driver: named steps, each recorded in the source's journal once done, each safe to run again.
+
+schema -> staging -> replicating -> copied (stops here with --follow) -> frozen -> verified -> done.
+A killed import goes on with --resume (or --cutover after --follow); before `done`, --rollback leaves the source
+as it was (no trigger, slot, publication or journal: the pgidgen_import schema is dropped) and the shards' tables
+empty (they stay, as the ledger records their DDL). Nothing is written before source.inspect's checks pass.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from .. import pgbin
+from ..config import Config
+from ..db import connect, execute_script, pg_message, tool_args
+from ..ddl.apply import apply_ddl
+from ..ddl.dumpfile import parse_dump
+from ..errors import ConflictError, DatabaseError, InputError
+from ..idgen import schema_name
+from ..lockwait import LockPolicy, with_lock_retries
+from . import sqltext
+from .source import WORK_SCHEMA, ImportPlan, inspect, shard_expr
+
+STEPS = ("started", "schema", "staging", "replicating", "copied", "frozen", "verified", "done")
+Say = Callable[[str], None]
+#: called at named points (after each step's work, before its journal line): tests stop an import there
+Hook = Callable[[str], None]
+
+
+@dataclass
+class ImportResult:
+    plan: ImportPlan
+    step: str
+    pause_s: float | None = None
+    verified: dict[str, int] = field(default_factory=dict)  # table -> rows checked
+    lag_bytes: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"schema": self.plan.schema, "key": self.plan.key, "step": self.step, "pause_s": self.pause_s,
+                "tables": [t.name for t in self.plan.tables], "skipped": self.plan.skipped,
+                "targets": {n: len(s) for n, s in self.plan.targets.items()}, "verified_rows": self.verified, "lag_bytes": self.lag_bytes}
+
+
+def _source(dsn: str) -> psycopg.Connection[Any]:
+    return connect("source", dsn, autocommit=True)
+
+
+def _journal(conn: psycopg.Connection[Any], schema: str) -> tuple[str, ImportPlan] | None:
+    if conn.execute("SELECT pg_catalog.to_regclass('pgidgen_import.journal')").fetchone() == (None,):
+        return None
+    row = conn.execute("SELECT step, plan FROM pgidgen_import.journal WHERE schema_name = %s", (schema,)).fetchone()
+    return None if row is None else (str(row[0]), ImportPlan.from_json(row[1]))
+
+
+def _record(conn: psycopg.Connection[Any], plan: ImportPlan, step: str) -> None:
+    conn.execute("UPDATE pgidgen_import.journal SET step = %s, updated_at = now() WHERE schema_name = %s", (step, plan.schema))
+
+
+def plan_import(config: Config, source_dsn: str, *, schema: str, key: str, skip: list[str], follow: bool = False) -> ImportPlan:
+    """The checks and the plan, nothing written (--dry-run)."""
+    with _source(source_dsn) as conn:
+        if _journal(conn, schema) is not None:
+            raise ConflictError(f"an import of schema {schema} is under way", where="the source", hint="go on with --resume (or --cutover), or undo it with --rollback")
+        return inspect(config, conn, schema=schema, key=key, skip=skip, follow=follow)
+
+
+def start_import(config: Config, source_dsn: str, *, schema: str, key: str, skip: list[str], follow: bool = False,
+                 say: Say = lambda _: None, lock_policy: LockPolicy | None = None, hook: Hook | None = None) -> ImportResult:
+    plan = plan_import(config, source_dsn, schema=schema, key=key, skip=skip, follow=follow)
+    with _source(source_dsn) as conn:
+        with conn.transaction():
+            execute_script(conn, sqltext.journal_sql())
+            conn.execute("INSERT INTO pgidgen_import.journal (schema_name, step, plan) VALUES (%s, 'started', %s)",
+                         (schema, json.dumps(plan.as_json())))
+    return _run(config, source_dsn, plan, "started", cutover=not follow, say=say, lock_policy=lock_policy, hook=hook)
+
+
+def resume_import(config: Config, source_dsn: str, *, schema: str, cutover: bool = False, say: Say = lambda _: None,
+                  lock_policy: LockPolicy | None = None, hook: Hook | None = None) -> ImportResult:
+    """--resume goes as far as the import was asked to (to `copied` with --follow); --cutover to the end."""
+    with _source(source_dsn) as conn:
+        found = _journal(conn, schema)
+    if found is None:
+        raise InputError(f"no import of schema {schema} is under way", where="the source", hint="start one with pgidgen import SOURCE --key COLUMN")
+    step, plan = found
+    return _run(config, source_dsn, plan, step, cutover=cutover or not plan.follow, say=say, lock_policy=lock_policy, hook=hook)
+
+
+def _run(config: Config, dsn: str, plan: ImportPlan, step: str, *, cutover: bool, say: Say, lock_policy: LockPolicy | None,
+         hook: Hook | None) -> ImportResult:
+    result = ImportResult(plan, step)
+    at = hook or (lambda _: None)
+    with _source(dsn) as src:
+        steps: list[tuple[str, Callable[[], None]]] = [
+            ("schema", lambda: _schema(config, dsn, plan, say)),
+            ("staging", lambda: _staging(config, plan)),
+            ("replicating", lambda: _replicating(config, dsn, src, plan)),
+            ("copied", lambda: _wait_copied(config, src, plan, result, say)),
+            ("frozen", lambda: _freeze(config, src, plan, result, lock_policy)),
+            ("verified", lambda: _verify(config, src, plan, result)),
+            ("done", lambda: _teardown(config, src, plan, at)),
+        ]
+        for name, work in steps:
+            if STEPS.index(name) <= STEPS.index(step):
+                continue
+            if name == "frozen" and not cutover:
+                result.lag_bytes = _lag(src, plan)
+                break
+            say(f"import: {name}")
+            work()
+            at(f"after:{name}")
+            _record(src, plan, name)
+            result.step = step = name
+        if result.pause_s is not None:
+            result.pause_s = time.monotonic() - result.pause_s
+    return result
+
+
+def _schema(config: Config, dsn: str, plan: ImportPlan, say: Say) -> None:
+    """The source's own schema, as pg_dump --schema-only writes it, applied to every shard (apply-ddl --from-schema)."""
+    with _source(dsn) as conn:
+        major = conn.info.server_version // 10000
+    tool = pgbin.clients_for(major).bindir / "pg_dump"
+    conninfo, env = tool_args(dsn)
+    argv = [str(tool), "--schema-only", "--no-owner", "--no-privileges", "-n", plan.schema, *[f"--exclude-table={sql.Identifier(plan.schema, t).as_string(None)}" for t in plan.skipped], "-d", conninfo]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise DatabaseError(f"pg_dump of the source's schema failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}",
+                            where="the source")
+    # pg_dump's \restrict lines carry a random key: without them a resumed import's dump is the recorded file again
+    text = re.sub(r"^\\(?:un)?restrict .*\n", "", done.stdout, flags=re.M)
+    parsed = parse_dump(text, f"import-{plan.schema}.sql", plan.schema)
+    for line in parsed.summary:
+        say(line)
+    apply_ddl(config, parsed)
+
+
+def _each_target(config: Config, plan: ImportPlan, work: Callable[[str, psycopg.Connection[Any]], None], *, doing: str) -> None:
+    for name in plan.targets:
+        with connect(name, config.dsn(name), autocommit=True) as conn:
+            try:
+                work(name, conn)
+            except psycopg.Error as e:
+                raise DatabaseError(f"database {name} failed while {doing}: {pg_message(e)}",
+                                    hint="fix what it says, then pgidgen import --resume (or --rollback)") from None
+
+
+def _staging(config: Config, plan: ImportPlan) -> None:
+    def work(name: str, conn: psycopg.Connection[Any]) -> None:
+        if conn.execute("SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (WORK_SCHEMA,)).fetchone() is None:
+            with conn.transaction():
+                execute_script(conn, sqltext.staging_sql(plan, name))
+    _each_target(config, plan, work, doing="making the staging tables")
+
+
+def _replicating(config: Config, dsn: str, src: psycopg.Connection[Any], plan: ImportPlan) -> None:
+    try:
+        for name in plan.targets:
+            slot = plan.slot(name)
+            if src.execute("SELECT FROM pg_catalog.pg_publication WHERE pubname = %s", (slot,)).fetchone() is None:
+                src.execute(sqltext.publication_sql(plan, name).encode())
+            if src.execute("SELECT FROM pg_catalog.pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() is None:
+                src.execute(sqltext.slot_sql(plan, name).encode())
+    except psycopg.Error as e:
+        raise DatabaseError(f"the source failed while making publications and slots: {pg_message(e)}",
+                            hint="fix what it says, then pgidgen import --resume (or --rollback)") from None
+
+    def work(name: str, conn: psycopg.Connection[Any]) -> None:
+        if conn.execute("SELECT FROM pg_catalog.pg_subscription WHERE subname = %s", (plan.slot(name),)).fetchone() is None:
+            conn.execute(sqltext.subscription_sql(plan, name, dsn).encode())
+    _each_target(config, plan, work, doing="subscribing to the source")
+
+
+def _lag(src: psycopg.Connection[Any], plan: ImportPlan) -> dict[str, int]:
+    rows = src.execute("SELECT slot_name, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), confirmed_flush_lsn)::bigint"
+                       " FROM pg_catalog.pg_replication_slots WHERE slot_name = ANY(%s)", ([plan.slot(n) for n in plan.targets],)).fetchall()
+    by_slot = {r[0]: int(r[1] or 0) for r in rows}
+    return {n: by_slot.get(plan.slot(n), 0) for n in plan.targets}
+
+
+def _wait_copied(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult, say: Say) -> None:
+    """Until every target's subscription has copied every table (each relation 'r', ready: streaming)."""
+    conns = {n: connect(n, config.dsn(n), autocommit=True) for n in plan.targets}
+    try:
+        last = 0.0
+        while True:
+            pending = 0
+            for name, conn in conns.items():
+                row = conn.execute(
+                    "SELECT count(*) FILTER (WHERE r.srsubstate = 'r'), count(*), coalesce(max(st.sync_error_count + st.apply_error_count), 0)"
+                    " FROM pg_catalog.pg_subscription s LEFT JOIN pg_catalog.pg_subscription_rel r ON r.srsubid = s.oid"
+                    " LEFT JOIN pg_catalog.pg_stat_subscription_stats st ON st.subid = s.oid WHERE s.subname = %s", (plan.slot(name),)).fetchone()
+                assert row is not None
+                if row[2]:
+                    raise DatabaseError(f"replication into database {name} fails (its server log says why)",
+                                        hint="fix it (a row that breaks a shard table's constraint, a full disk), then --resume; or --rollback")
+                pending += len(plan.tables) + 1 - int(row[0])
+            if pending == 0:
+                result.lag_bytes = _lag(src, plan)
+                return
+            if time.monotonic() - last > 5:
+                say(f"import: copying, {pending} tables to go")
+                last = time.monotonic()
+            time.sleep(0.2)
+    finally:
+        for c in conns.values():
+            c.close()
+
+
+def _freeze(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult, policy: LockPolicy | None) -> None:
+    token = uuid.uuid4().hex
+    where_to = f"{plan.shard_count} shards on {', '.join(plan.targets)}"
+
+    def work(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(sqltext.lock_sql(plan).encode())
+        conn.execute(b"SET LOCAL lock_timeout = 0")
+        execute_script(conn, sqltext.freeze_sql(plan, token, where_to))
+        _record(conn, plan, "frozen")
+
+    with_lock_retries(src, work, schemas=[plan.schema], policy=policy or LockPolicy(wait=60), where="the source")
+    result.pause_s = time.monotonic()
+    conns = {n: connect(n, config.dsn(n), autocommit=True) for n in plan.targets}
+    try:
+        for name, conn in conns.items():
+            deadline = time.monotonic() + 600
+            while conn.execute("SELECT FROM pgidgen_import.heartbeat WHERE token = %s", (token,)).fetchone() is None:
+                if time.monotonic() > deadline:
+                    raise DatabaseError(f"database {name} did not catch up with the source in 10 minutes",
+                                        hint="the source's writes are stopped: --resume waits again, --rollback lets them go on")
+                time.sleep(0.005)
+    finally:
+        for c in conns.values():
+            c.close()
+
+
+def _verify(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult) -> None:
+    """Rows per shard, the source (its writes stopped) against each shard's table; the catch-all partitions hold
+    other databases' rows and are not counted."""
+    problems: list[str] = []
+    for t in plan.tables:
+        q = sql.SQL("SELECT {} AS shard, count(*) FROM {} GROUP BY 1").format(shard_expr(plan.key, plan.shard_count), sql.Identifier(plan.schema, t.name))
+        want = {int(r[0]): int(r[1]) for r in src.execute(q)}
+        result.verified[t.name] = sum(want.values())
+        for name in plan.targets:
+            with connect(name, config.dsn(name), autocommit=True) as conn:
+                parts = sql.SQL(" UNION ALL ").join(
+                    sql.SQL("SELECT {}::int, count(*) FROM {}").format(sql.Literal(s), sql.Identifier(schema_name(s), t.name)) for s in plan.targets[name])
+                have = {int(r[0]): int(r[1]) for r in conn.execute(parts)}
+            for s in plan.targets[name]:
+                if have.get(s, 0) != want.get(s, 0):
+                    problems.append(f"{schema_name(s)}.{t.name} on {name}: {have.get(s, 0)} rows, the source {want.get(s, 0)}")
+    if problems:
+        detail = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
+        raise DatabaseError(f"verification failed: {detail}", hint="the source's writes are stopped: pgidgen import --rollback lets them go on, nothing lost")
+
+
+def _teardown(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, at: Hook) -> None:
+    """Replication gone, staging tables taken apart (the shards' tables stay), sequences carried over."""
+    _drop_replication(config, src, plan)
+    at("done:replication-dropped")
+    values = {}
+    for seq in plan.sequences:
+        row = src.execute(sql.SQL("SELECT last_value, is_called FROM {}").format(sql.Identifier(plan.schema, seq))).fetchone()
+        if row is not None and row[1]:
+            values[seq] = int(row[0])
+
+    def work(name: str, conn: psycopg.Connection[Any]) -> None:
+        with conn.transaction():
+            execute_script(conn, sqltext.unstage_sql(plan, name, _attached(conn, plan)))
+            execute_script(conn, sqltext.sequences_sql(plan, name, values))
+    _each_target(config, plan, work, doing="taking the staging tables apart")
+
+
+def _attached(conn: psycopg.Connection[Any], plan: ImportPlan) -> list[str]:
+    rows = conn.execute("SELECT cn.nspname, c.relname FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid"
+                        " JOIN pg_catalog.pg_namespace cn ON cn.oid = c.relnamespace"
+                        " JOIN pg_catalog.pg_class p ON p.oid = i.inhparent JOIN pg_catalog.pg_namespace n ON n.oid = p.relnamespace"
+                        " WHERE n.nspname = %s AND p.relkind = 'p'", (plan.schema,)).fetchall()
+    return [sql.Identifier(str(r[0]), str(r[1])).as_string(None) for r in rows]
+
+
+def _drop_replication(config: Config, src: psycopg.Connection[Any], plan: ImportPlan) -> None:
+    subids: list[int] = []
+
+    def work(name: str, conn: psycopg.Connection[Any]) -> None:
+        row = conn.execute("SELECT oid FROM pg_catalog.pg_subscription WHERE subname = %s", (plan.slot(name),)).fetchone()
+        if row is not None:
+            subids.append(int(row[0]))
+            for stmt in sqltext.drop_subscription_sql(plan.slot(name)).splitlines():
+                conn.execute(stmt.encode())
+    _each_target(config, plan, work, doing="dropping its subscription")
+    names = [plan.slot(n) for n in plan.targets]
+    patterns = [f"pg_{i}_sync_%" for i in subids]
+    deadline = time.monotonic() + 30
+    while True:
+        left = src.execute("SELECT slot_name, active FROM pg_catalog.pg_replication_slots WHERE slot_name = ANY(%s) OR slot_name LIKE ANY(%s)",
+                           (names, patterns)).fetchall()
+        for slot, active in left:
+            if not active:
+                src.execute("SELECT pg_catalog.pg_drop_replication_slot(%s)", (slot,))
+        if not left or all(not a for _, a in left):
+            break
+        if time.monotonic() > deadline:
+            raise DatabaseError(f"replication slot {left[0][0]} on the source stays in use", hint="run again in a moment: --resume or --rollback")
+        time.sleep(0.1)
+    for n in names:
+        src.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(n)))
+
+
+def rollback_import(config: Config, source_dsn: str, *, schema: str, say: Say = lambda _: None) -> ImportPlan:
+    """Undo an import that has not finished: the source as it was, serving; the shards' tables empty."""
+    with _source(source_dsn) as src:
+        found = _journal(src, schema)
+        if found is None:
+            raise InputError(f"no import of schema {schema} is under way", where="the source", hint="nothing to roll back")
+        step, plan = found
+        if step == "done":
+            raise ConflictError(f"the import of schema {schema} is done", where="the source",
+                                hint="the shards are authoritative now; there is no rollback after the cutover")
+        say("import: rolling back")
+        _drop_replication(config, src, plan)
+
+        def work(name: str, conn: psycopg.Connection[Any]) -> None:
+            with conn.transaction():
+                attached = _attached(conn, plan)
+                execute_script(conn, sqltext.unstage_sql(plan, name, attached) if conn.execute(
+                    "SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (WORK_SCHEMA,)).fetchone() is not None else "")
+                if all(conn.execute("SELECT pg_catalog.to_regclass(%s)", (sql.Identifier(schema_name(s), t.name).as_string(conn),)).fetchone() != (None,)
+                       for t in plan.tables for s in plan.targets[name]):
+                    execute_script(conn, sqltext.empty_shards_sql(plan, name))
+        _each_target(config, plan, work, doing="rolling back")
+        with src.transaction():
+            execute_script(src, sqltext.unfreeze_sql(plan))
+            src.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(WORK_SCHEMA)))
+    return plan

@@ -1,0 +1,193 @@
+"""The source database read, and every refusal made before anything is written.
+
+What is read: the schema's tables, each one's key column, replica identity and size; the sequences whose values
+the shards must continue from; the shard map (which database serves which shards). What is refused, each with one
+line: a source below PostgreSQL 15 or not at wal_level=logical, a role that may not publish or make slots, a table
+without the key column (name it in --skip), a key column that is not an integer or holds NULLs, a table with no
+primary key or replica identity, a table that is partitioned, a target database that already has a table of that
+name in that schema, or shards that hold rows of those tables already.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..config import Config
+from ..db import connect, pg_message
+from ..errors import ConfigError, ConflictError, DatabaseError, InputError
+from ..idgen import schema_name
+from ..shardmap import read_map
+
+INTEGER_TYPES = ("smallint", "integer", "bigint")
+#: the schema pgidgen keeps its journal, heartbeat and write-refusing function in (on the source), and the
+#: staging tables' catch-all partitions in (on each target)
+WORK_SCHEMA = "pgidgen_import"
+
+
+@dataclass
+class TablePlan:
+    name: str
+    #: the publication filters rows by shard for this table: the key is in its replica identity
+    filtered: bool
+    rows: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class ImportPlan:
+    """Everything an import needs to run, resume or roll back: kept as JSON in the source's journal."""
+
+    schema: str
+    key: str
+    shard_count: int
+    source_oid: int
+    tables: list[TablePlan]
+    #: database name -> the shards it serves (those with none are left out)
+    targets: dict[str, list[int]]
+    skipped: list[str] = field(default_factory=list)
+    #: sequences of the schema, whose values every shard's copy continues from at the cutover
+    sequences: list[str] = field(default_factory=list)
+    #: target databases that lack the schema, which the staging step makes and the teardown drops
+    make_schema: list[str] = field(default_factory=list)
+    follow: bool = False
+
+    def slot(self, database: str) -> str:
+        """The slot, publication and subscription name for one target: prefixed, findable, unique per source."""
+        return f"pgidgen_import_{self.source_oid}_{sorted(self.targets).index(database)}"
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ImportPlan:
+        d = dict(data)
+        d["tables"] = [TablePlan(**t) for t in d["tables"]]
+        return cls(**d)
+
+
+def shard_expr(key: str, shard_count: int) -> sql.Composable:
+    """The Router's rule (Python's %: a shard from 0 to N - 1 for a negative key too) in SQL of built-in operators
+    only, which publication row filters and partition keys accept."""
+    n = sql.Literal(shard_count)
+    return sql.SQL("((({} % {}) + {}) % {})").format(sql.Identifier(key), n, n, n)
+
+
+_TABLES_SQL = """
+SELECT c.relname, c.relkind, c.relreplident,
+       (SELECT pg_catalog.format_type(a.atttypid, a.atttypmod) FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = c.oid AND a.attname = %(key)s AND NOT a.attisdropped),
+       (SELECT pg_catalog.array_agg(a.attname::text) FROM pg_catalog.pg_index i
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+         WHERE i.indrelid = c.oid AND (i.indisprimary AND c.relreplident = 'd' OR i.indisreplident AND c.relreplident = 'i')),
+       pg_catalog.pg_has_role(c.relowner, 'USAGE'), greatest(c.reltuples, 0)::bigint, pg_catalog.pg_table_size(c.oid)
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+ORDER BY c.relname
+"""
+
+
+def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key: str, skip: Sequence[str], follow: bool) -> ImportPlan:
+    """The plan, or the first refusal: reads the source and the shard map; writes nothing anywhere."""
+    _check_server(source)
+    rows = source.execute(_TABLES_SQL, {"schema": schema, "key": key}).fetchall()
+    if not rows:
+        raise InputError(f"schema {schema} of the source has no tables", hint="name the schema the application's tables live in (--schema)")
+    names = {r[0] for r in rows}
+    unknown = sorted(set(skip) - names)
+    if unknown:
+        raise InputError(f"--skip names {', '.join(unknown)}, not a table of schema {schema}", hint="give the tables' names as \\dt lists them")
+    tables: list[TablePlan] = []
+    for name, kind, ident, typ, ident_cols, owns, est, size in rows:
+        if name in skip:
+            continue
+        where = f"{schema}.{name}"
+        if typ is None:
+            raise InputError(f"table {where} has no column {key}", where="the source",
+                             hint=f"leave it out with --skip {name} (tables that reach the key through a foreign key are not imported yet)")
+        if typ not in INTEGER_TYPES:
+            raise InputError(f"{where}.{key} is {typ}, not an integer", where="the source", hint="pgidgen import routes integer keys (shard = key % shard count)")
+        if kind == "p":
+            raise InputError(f"table {where} is partitioned", where="the source", hint=f"import does not take partitioned tables yet: --skip {name}")
+        if ident == "n" or (ident in ("d", "i") and not ident_cols):
+            raise InputError(f"table {where} has no primary key or replica identity", where="the source",
+                             hint=f"its updates could not be carried over: add a primary key, or ALTER TABLE {where} REPLICA IDENTITY USING INDEX <a unique index on NOT NULL columns>")
+        if not owns:
+            raise DatabaseError(f"the source's role does not own {where}", where="the source",
+                                hint="a publication needs the tables' owner: connect as the role that owns them")
+        tables.append(TablePlan(name, ident == "f" or key in (ident_cols or []), int(est), int(size)))
+    for t in tables:
+        q = sql.SQL("SELECT EXISTS (SELECT FROM {} WHERE {} IS NULL)").format(sql.Identifier(schema, t.name), sql.Identifier(key))
+        row = source.execute(q).fetchone()
+        if row and row[0]:
+            raise InputError(f"{schema}.{t.name}.{key} holds NULLs", where="the source", hint="a row with no key has no shard: give those rows a key, or delete them")
+    sequences = [r[0] for r in source.execute(
+        "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relkind = 'S' ORDER BY 1", (schema,))]
+    oid = source.execute("SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database()").fetchone()
+    assert oid is not None
+    m = read_map(config)
+    if not m.ok or m.shard_count is None:
+        raise ConfigError("the shard map is not whole: " + "; ".join(m.problems + list(m.unreachable.values())), hint="run pgidgen status, fix it, then import")
+    targets = {n: sorted(s) for n, s in sorted(m.databases.items()) if s}
+    plan = ImportPlan(schema, key, m.shard_count, int(oid[0]), tables, targets, sorted(skip), sequences, follow=follow)
+    plan.make_schema = [n for n in targets if _check_target(config, n, plan)]
+    return plan
+
+
+def _check_server(source: psycopg.Connection[Any]) -> None:
+    version = source.info.server_version
+    if version < 150000:
+        raise ConfigError(f"the source runs PostgreSQL {version // 10000}", hint="import needs 15 or later (publication row filters)")
+    wal = source.execute("SHOW wal_level").fetchone()
+    if wal is None or wal[0] != "logical":
+        raise ConfigError(f"the source runs with wal_level={wal[0] if wal else '?'}",
+                          hint="set wal_level = logical in its postgresql.conf and restart it (changes are carried over by logical replication)")
+    row = source.execute(
+        "SELECT r.rolsuper OR r.rolreplication, pg_catalog.has_database_privilege(pg_catalog.current_database(), 'CREATE')"
+        " FROM pg_catalog.pg_roles r WHERE r.rolname = current_user").fetchone()
+    if row is None or not row[0]:
+        raise DatabaseError("the source's role lacks REPLICATION", where="the source", hint="ALTER ROLE <it> REPLICATION (as a superuser), or connect as one that has it")
+    if not row[1]:
+        raise DatabaseError("the source's role may not CREATE in its database", where="the source",
+                            hint=f"GRANT CREATE ON DATABASE <it> TO <role>: import keeps its journal in a schema {WORK_SCHEMA} there")
+    if source.execute("SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (WORK_SCHEMA,)).fetchone() is not None:
+        raise ConflictError(f"the source has a schema {WORK_SCHEMA} but no import under way in this schema",
+                            hint="an import of another schema, or a finished one: drop that schema if it is a leftover")
+
+
+def _check_target(config: Config, name: str, plan: ImportPlan) -> bool:
+    """Refuses what would clash on a target database; True when it lacks the schema (the staging step makes it)."""
+    with connect(name, config.dsn(name), autocommit=True) as conn:
+        try:
+            row = conn.execute(
+                "SELECT r.rolsuper OR pg_catalog.pg_has_role(r.oid, 'pg_create_subscription', 'MEMBER') IS TRUE"
+                " FROM pg_catalog.pg_roles r WHERE r.rolname = current_user" if conn.info.server_version >= 160000 else
+                "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user").fetchone()
+            if row is None or not row[0]:
+                raise DatabaseError(f"database {name}'s role may not create subscriptions",
+                                    hint="connect as a superuser, or (PostgreSQL 16+) GRANT pg_create_subscription TO <role>")
+            if conn.execute("SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (WORK_SCHEMA,)).fetchone() is not None:
+                raise ConflictError(f"database {name} has a schema {WORK_SCHEMA} left from an import",
+                                    hint="run pgidgen import --rollback SOURCE if one is under way, else drop it")
+            has_schema = conn.execute("SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (plan.schema,)).fetchone() is not None
+            for t in plan.tables:
+                if has_schema and conn.execute("SELECT pg_catalog.to_regclass(%s)", (sql.Identifier(plan.schema, t.name).as_string(conn),)).fetchone() != (None,):
+                    raise ConflictError(f"database {name} has a table {plan.schema}.{t.name} already",
+                                        hint="import stages rows in a table of the source's name there: rename or drop that one")
+                parts = [sql.SQL("SELECT {}::int FROM {} WHERE EXISTS (SELECT FROM {})").format(sql.Literal(s), sql.Identifier(schema_name(s), t.name),
+                                                                                           sql.Identifier(schema_name(s), t.name))
+                         for s in plan.targets[name] if _exists(conn, schema_name(s), t.name)]
+                if parts and conn.execute(sql.SQL(" UNION ALL ").join(parts) + sql.SQL(" LIMIT 1")).fetchone():
+                    raise ConflictError(f"shards of database {name} hold rows of {t.name} already", hint="import fills empty shards only")
+        except psycopg.Error as e:
+            raise DatabaseError(f"database {name} failed while being checked: {pg_message(e)}") from None
+    return not has_schema
+
+
+def _exists(conn: psycopg.Connection[Any], schema: str, table: str) -> bool:
+    row = conn.execute("SELECT pg_catalog.to_regclass(%s)", (sql.Identifier(schema, table).as_string(conn),)).fetchone()
+    return row is not None and row[0] is not None

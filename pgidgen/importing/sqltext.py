@@ -1,0 +1,159 @@
+"""Where an import's SQL is rendered, as literal text: the engine runs these strings and --dry-run prints them.
+
+The rows move by PostgreSQL's own logical replication. On each target database a staging table of the source
+table's schema-qualified name is partitioned by the shard expression; its partitions are that database's shards'
+tables (ATTACH PARTITION) and a catch-all for the rows of other databases' shards. A subscription per target
+copies the tables at one snapshot and then carries the source's changes over, each row routed into its shard's
+table by the partitioning. A publication per target filters rows by shard when the table's replica identity
+holds the key (a row filter on other columns would make the source's UPDATEs fail); otherwise every row arrives
+and other databases' rows land in the catch-all, dropped at the end.
+"""
+from __future__ import annotations
+
+from psycopg import sql
+
+from ..idgen import schema_name
+from ..redact import scrub
+from .source import WORK_SCHEMA, ImportPlan, shard_expr
+
+
+def _s(c: sql.Composable) -> str:
+    return c.as_string(None)
+
+
+def _q(*parts: str) -> str:
+    return _s(sql.Identifier(*parts))
+
+
+def shard_filter(expr: str, shards: list[int]) -> str:
+    """The shards as ranges (`expr BETWEEN 0 AND 999`): a row filter runs for every row, a list of 1000 shards
+    would be searched for each."""
+    runs: list[list[int]] = []
+    for s in sorted(shards):
+        if runs and runs[-1][1] == s - 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    parts = [f"{expr} = {a}" if a == b else f"{expr} BETWEEN {a} AND {b}" for a, b in runs]
+    return " OR ".join(parts)
+
+
+def journal_sql() -> str:
+    """The source's journal (one row per imported schema) and heartbeat (a row per cutover, carried to every
+    target to show it has caught up)."""
+    w = _q(WORK_SCHEMA)
+    return (
+        f"CREATE SCHEMA {w};\n"
+        f"CREATE TABLE {w}.journal (schema_name text PRIMARY KEY, step text NOT NULL, plan jsonb NOT NULL,"
+        f" started_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz NOT NULL DEFAULT now());\n"
+        f"CREATE TABLE {w}.heartbeat (token text PRIMARY KEY, at timestamptz NOT NULL DEFAULT now());\n"
+    )
+
+
+def staging_sql(plan: ImportPlan, database: str) -> str:
+    """A target's staging tables, their partitions its shards' tables; one transaction."""
+    shards = plan.targets[database]
+    w = _q(WORK_SCHEMA)
+    out = [f"CREATE SCHEMA {_q(plan.schema)};"] if database in plan.make_schema else []
+    out += [f"CREATE SCHEMA {w};", f"CREATE TABLE {w}.heartbeat (token text PRIMARY KEY, at timestamptz NOT NULL DEFAULT now());"]
+    expr = _s(shard_expr(plan.key, plan.shard_count))
+    for t in plan.tables:
+        parent = _q(plan.schema, t.name)
+        first = _q(schema_name(shards[0]), t.name)
+        out.append(f"CREATE TABLE {parent} (LIKE {first}) PARTITION BY LIST ({expr});")
+        out += [f"ALTER TABLE {parent} ATTACH PARTITION {_q(schema_name(s), t.name)} FOR VALUES IN ({s});" for s in shards]
+        out.append(f"CREATE TABLE {_q(WORK_SCHEMA, t.name)} (LIKE {first} INCLUDING INDEXES);")
+        out.append(f"ALTER TABLE {parent} ATTACH PARTITION {_q(WORK_SCHEMA, t.name)} DEFAULT;")
+    return "\n".join(out) + "\n"
+
+
+def publication_sql(plan: ImportPlan, database: str) -> str:
+    expr = _s(shard_expr(plan.key, plan.shard_count))
+    members = []
+    for t in plan.tables:
+        member = _q(plan.schema, t.name)
+        if t.filtered:
+            member += f" WHERE ({shard_filter(expr, plan.targets[database])})"
+        members.append(member)
+    members.append(_q(WORK_SCHEMA, "heartbeat"))
+    return f"CREATE PUBLICATION {_q(plan.slot(database))} FOR TABLE {', '.join(members)};\n"
+
+
+def slot_sql(plan: ImportPlan, database: str) -> str:
+    return f"SELECT pg_catalog.pg_create_logical_replication_slot({_s(sql.Literal(plan.slot(database)))}, 'pgoutput');\n"
+
+
+def subscription_sql(plan: ImportPlan, database: str, source_conninfo: str, *, show: bool = False) -> str:
+    """The slot is made beforehand on the source (a subscription that made its own would hang when source and
+    target share a server); copy_data makes each table's copy at a snapshot of its own, caught up from there."""
+    name = _s(sql.Literal(plan.slot(database)))
+    conninfo = scrub(source_conninfo) if show else source_conninfo
+    return (f"CREATE SUBSCRIPTION {_q(plan.slot(database))} CONNECTION {_s(sql.Literal(conninfo))}\n"
+            f"    PUBLICATION {_q(plan.slot(database))} WITH (create_slot = false, slot_name = {name}, copy_data = true);\n")
+
+
+def freeze_sql(plan: ImportPlan, token: str, where_to: str) -> str:
+    """The cutover on the source, after its LOCK: from its commit every write to an imported table fails with a
+    message saying where the rows went (a trigger, not a REVOKE: the owner would pass a REVOKE, and its
+    'permission denied' would not say where the data is)."""
+    w = _q(WORK_SCHEMA)
+    rest = f" was imported into pgidgen's shards ({where_to}; shard = {plan.key} % {plan.shard_count}): write through the Router, not to this table"
+    message = "%I.%I" + rest.replace("%", "%%")
+    out = [
+        f"CREATE FUNCTION {w}.refuse_write() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog AS $body$\n"
+        f"BEGIN\n    RAISE EXCEPTION USING ERRCODE = 'read_only_sql_transaction',"
+        f" MESSAGE = pg_catalog.format({_s(sql.Literal(message))}, TG_TABLE_SCHEMA, TG_TABLE_NAME);\nEND\n$body$;",
+    ]
+    for t in plan.tables:
+        out.append(f"CREATE TRIGGER pgidgen_imported BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON {_q(plan.schema, t.name)}"
+                   f" FOR EACH STATEMENT EXECUTE FUNCTION {w}.refuse_write();")
+    out.append(f"INSERT INTO {w}.heartbeat (token) VALUES ({_s(sql.Literal(token))});")
+    return "\n".join(out) + "\n"
+
+
+def lock_sql(plan: ImportPlan) -> str:
+    """Writes wait (reads go on) while the cutover transaction holds it; taken under a short lock_timeout."""
+    return f"LOCK TABLE {', '.join(_q(plan.schema, t.name) for t in plan.tables)} IN SHARE ROW EXCLUSIVE MODE;\n"
+
+
+def unfreeze_sql(plan: ImportPlan) -> str:
+    return "".join(f"DROP TRIGGER IF EXISTS pgidgen_imported ON {_q(plan.schema, t.name)};\n" for t in plan.tables)
+
+
+def drop_subscription_sql(name: str) -> str:
+    """The slot detached first, so dropping never needs the source (the engine drops the slots there itself)."""
+    q = _q(name)
+    return f"ALTER SUBSCRIPTION {q} DISABLE;\nALTER SUBSCRIPTION {q} SET (slot_name = NONE);\nDROP SUBSCRIPTION {q};\n"
+
+
+def unstage_sql(plan: ImportPlan, database: str, attached: list[str] | None = None) -> str:
+    """The staging tables taken apart: shards' tables detached (never dropped with their parent), the rest dropped.
+    attached: partitions found attached (resume, rollback), else all the plan's."""
+    out = []
+    for t in plan.tables:
+        parent = _q(plan.schema, t.name)
+        for s in plan.targets[database]:
+            part = _q(schema_name(s), t.name)
+            if attached is None or part in attached:
+                out.append(f"ALTER TABLE {parent} DETACH PARTITION {part};")
+        out.append(f"DROP TABLE IF EXISTS {parent};")
+    out.append(f"DROP SCHEMA IF EXISTS {_q(WORK_SCHEMA)} CASCADE;")
+    if database in plan.make_schema:
+        out.append(f"DROP SCHEMA IF EXISTS {_q(plan.schema)};")
+    return "\n".join(out) + "\n"
+
+
+def empty_shards_sql(plan: ImportPlan, database: str) -> str:
+    """A rollback's: the shards' tables as the schema step left them, empty."""
+    tables = [_q(schema_name(s), t.name) for t in plan.tables for s in plan.targets[database]]
+    return f"TRUNCATE {', '.join(tables)};\n" if tables else ""
+
+
+def sequences_sql(plan: ImportPlan, database: str, values: dict[str, int]) -> str:
+    """Every shard's copy of a sequence continues from the source's value, so new rows' IDs do not repeat the
+    imported rows' (is_called keeps a never-used sequence's first value)."""
+    out = []
+    for seq, value in values.items():
+        for s in plan.targets[database]:
+            out.append(f"SELECT pg_catalog.setval({_s(sql.Literal(_q(schema_name(s), seq)))}, {int(value)});")
+    return "\n".join(out) + ("\n" if out else "")

@@ -1,0 +1,278 @@
+"""pgidgen import: a source database's tables into 16 shards on two databases, under a writer on the source; a
+rollback that leaves nothing behind; the refusals made before anything is written."""
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from conftest import TestServer, fresh_database
+from movekit import leftovers
+from psycopg import sql
+
+from pgidgen.cli import main
+from pgidgen.config import Config, write_config
+from pgidgen.errors import PgidgenError
+from pgidgen.importing import plan_import, resume_import, rollback_import, start_import
+from pgidgen.importing.sqltext import shard_filter
+from pgidgen.init import init
+from pgidgen.layout import Layout
+
+SHARDS = 16
+SOURCE = """
+CREATE TABLE users (user_id bigint PRIMARY KEY, name text);
+CREATE TABLE photos (id bigserial PRIMARY KEY, user_id bigint NOT NULL, caption text);
+CREATE TABLE logs (user_id bigint NOT NULL, n int NOT NULL);
+CREATE UNIQUE INDEX logs_un ON logs (user_id, n);
+ALTER TABLE logs REPLICA IDENTITY USING INDEX logs_un;
+CREATE TABLE countries (code text PRIMARY KEY);
+INSERT INTO users SELECT g, 'u' || g FROM generate_series(-5, 120) g;
+INSERT INTO photos (user_id, caption) SELECT g % 126 - 5, 'c' || g FROM generate_series(1, 300) g;
+INSERT INTO logs SELECT g % 40, g FROM generate_series(1, 100) g;
+INSERT INTO countries VALUES ('fr'), ('jp');
+"""
+
+
+@pytest.fixture
+def source(pg_servers: list[TestServer]) -> Iterator[str]:
+    for dsn in fresh_database(pg_servers[0]):
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(SOURCE)
+        yield dsn
+
+
+@pytest.fixture
+def two(fresh_dsns: dict[str, str], config: Config) -> Config:
+    cfg = Config(layout=config.layout, databases={n: fresh_dsns[n] for n in ("db1", "db2")})
+    assert all(o.ok for o in init(cfg, SHARDS))
+    return cfg
+
+
+def _rows(cfg: Config, table: str, cols: str) -> list[tuple[int, tuple[Any, ...]]]:
+    """(shard, row) for every row of table in every shard."""
+    out = []
+    for dsn in cfg.databases.values():
+        with psycopg.connect(dsn) as c:
+            for (shard,) in c.execute("SELECT shard FROM pgidgen.shards WHERE state = 'active'").fetchall():
+                out += [(shard, r) for r in c.execute(f"SELECT {cols} FROM shard_{shard}.{table}")]
+    return out
+
+
+def test_import_under_writer_then_writes_refused(source: str, two: Config) -> None:
+    acked: list[tuple[int, int]] = []
+    refused: list[str] = []
+    stop = threading.Event()
+
+    def write() -> None:
+        with psycopg.connect(source, autocommit=True) as c:
+            n = 0
+            while not stop.is_set():
+                try:
+                    row = c.execute("INSERT INTO photos (user_id, caption) VALUES (%s, 'w') RETURNING id", (n % 50 - 3,)).fetchone()
+                    assert row is not None
+                    acked.append((int(row[0]), n % 50 - 3))
+                    c.execute("UPDATE users SET name = 'w' || %s::text WHERE user_id = %s", (n, n % 50))
+                except psycopg.Error as e:
+                    refused.append(str(e).splitlines()[0])
+                    return
+                n += 1
+
+    th = threading.Thread(target=write, daemon=True)
+    th.start()
+    followed = start_import(two, source, schema="public", key="user_id", skip=["countries"], follow=True)
+    assert followed.step == "copied"
+    done = resume_import(two, source, schema="public", cutover=True)
+    th.join(30)
+    stop.set()
+    assert done.step == "done" and done.pause_s is not None
+    assert len(refused) == 1 and re.match(r"public\.(photos|users) was imported into pgidgen's shards \(16 shards on db1, db2; shard = user_id % 16\)", refused[0]), refused
+    photos = _rows(two, "photos", "id, user_id")
+    ids = [r[0] for _, r in photos]
+    assert len(ids) == len(set(ids)) == 300 + len(acked)
+    assert all(shard == user % SHARDS for shard, (_, user) in photos)
+    assert {i for i, _ in acked} <= set(ids)
+    users = _rows(two, "users", "user_id, name")
+    with psycopg.connect(source) as c:
+        assert sorted(r for _, r in users) == sorted(c.execute("SELECT user_id, name FROM users").fetchall())
+        assert len(_rows(two, "logs", "user_id, n")) == 100
+        assert c.execute("SELECT count(*) FROM countries").fetchone() == (2,)
+        c.execute("INSERT INTO countries VALUES ('de')")  # skipped: left alone, writable
+    assert leftovers({"source": source, **two.databases}) == []
+    with psycopg.connect(two.databases["db1"]) as c:  # the staging tables are gone, a shard's sequence goes on
+        assert c.execute("SELECT to_regclass('public.photos'), to_regnamespace('pgidgen_import')").fetchone() == (None, None)
+        new = c.execute("INSERT INTO shard_3.photos (user_id) VALUES (3) RETURNING id").fetchone()
+        assert new is not None and new[0] > max(ids)
+
+
+def test_rollback_leaves_the_source_serving_and_nothing_behind(source: str, two: Config) -> None:
+    start_import(two, source, schema="public", key="user_id", skip=["countries"], follow=True)
+    assert _rows(two, "users", "user_id")
+    rollback_import(two, source, schema="public")
+    assert leftovers({"source": source, **two.databases}) == []
+    assert _rows(two, "users", "user_id") == [] and _rows(two, "photos", "id") == []
+    with psycopg.connect(source) as c:
+        c.execute("INSERT INTO users VALUES (999, 'after')")
+        assert c.execute("SELECT to_regnamespace('pgidgen_import')").fetchone() == (None,)
+    for dsn in two.databases.values():
+        with psycopg.connect(dsn) as c:
+            assert c.execute("SELECT to_regclass('public.users'), to_regnamespace('pgidgen_import')").fetchone() == (None, None)
+    with pytest.raises(PgidgenError, match="no import of schema public is under way"):
+        resume_import(two, source, schema="public")
+
+
+def test_every_step_runs_again_on_resume(source: str, two: Config) -> None:
+    """A crash after a step's work and before its journal line: --resume runs the steps again, each finding its
+    work done (the staging tables, publications, slots and subscriptions are not made twice)."""
+    start_import(two, source, schema="public", key="user_id", skip=["countries"], follow=True)
+    with psycopg.connect(source, autocommit=True) as c:
+        c.execute("UPDATE pgidgen_import.journal SET step = 'started'")
+        c.execute("INSERT INTO users VALUES (1000, 'late')")
+    with pytest.raises(PgidgenError, match="an import of schema public is under way"):
+        start_import(two, source, schema="public", key="user_id", skip=["countries"])
+    assert resume_import(two, source, schema="public").step == "copied"  # --follow's: as far as it was asked
+    done = resume_import(two, source, schema="public", cutover=True)
+    assert done.step == "done" and done.verified == {"logs": 100, "photos": 300, "users": 127}
+    assert (8, (1000, "late")) in _rows(two, "users", "user_id, name")
+    assert leftovers({"source": source, **two.databases}) == []
+    with pytest.raises(PgidgenError, match="the import of schema public is done"):
+        rollback_import(two, source, schema="public")
+
+
+@pytest.mark.parametrize("setup, message", [
+    ("", "table public.countries has no column user_id (the source): leave it out with --skip countries"),
+    ("INSERT INTO photos (user_id) VALUES (NULL)", "public.photos.user_id holds NULLs"),
+    ("ALTER TABLE logs REPLICA IDENTITY DEFAULT", "table public.logs has no primary key or replica identity"),
+    ("ALTER TABLE users ALTER COLUMN user_id TYPE text", "public.users.user_id is text, not an integer"),
+])
+def test_refused_before_anything_is_written(source: str, two: Config, setup: str, message: str, tmp_path: Path) -> None:
+    skip = "" if not setup else " --skip countries"
+    with psycopg.connect(source, autocommit=True) as c:
+        if setup:
+            c.execute("ALTER TABLE photos ALTER COLUMN user_id DROP NOT NULL" if "NULL)" in setup else "SELECT")
+            c.execute(setup)
+    path = _config_file(two, tmp_path)
+    result = CliRunner().invoke(main, ["--config", path, "import", source, "--key", "user_id", *skip.split()])
+    assert result.exit_code == 1, result.output
+    assert message in result.output
+    with psycopg.connect(source) as c:
+        assert c.execute("SELECT to_regnamespace('pgidgen_import')").fetchone() == (None,)
+    assert leftovers({"source": source, **two.databases}) == []
+    with psycopg.connect(two.databases["db1"]) as c:
+        assert c.execute("SELECT count(*) FROM pgidgen.ddl_files").fetchone() == (0,)
+
+
+def test_dry_run_plans_and_writes_nothing(source: str, two: Config, tmp_path: Path) -> None:
+    plan = plan_import(two, source, schema="public", key="user_id", skip=["countries"])
+    assert {t.name: t.filtered for t in plan.tables} == {"logs": True, "photos": False, "users": True}
+    assert plan.targets == {"db1": list(range(8)), "db2": list(range(8, 16))}
+    result = CliRunner().invoke(main, ["--config", _config_file(two, tmp_path), "import", source, "--key", "user_id", "--skip", "countries", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert 'ATTACH PARTITION "shard_9"."users" FOR VALUES IN (9);' in result.output
+    assert 'WHERE (((("user_id" % 16) + 16) % 16) BETWEEN 0 AND 7)' in result.output
+    assert shard_filter("k", [0, 1, 2, 5, 7, 8]) == "k BETWEEN 0 AND 2 OR k = 5 OR k BETWEEN 7 AND 8"
+    with psycopg.connect(source) as c:
+        assert c.execute("SELECT to_regnamespace('pgidgen_import')").fetchone() == (None,)
+
+
+def _config_file(cfg: Config, tmp: Path) -> str:
+    path = tmp / "pgidgen.toml"
+    write_config(path, cfg.layout, cfg.databases)
+    return str(path)
+
+
+@pytest.mark.versions
+def test_a_15_source_into_18_shards(pg_major_server: Any) -> None:
+    """Another major than the shards': the source's pg_dump by the newest client, replication across majors."""
+    old, new = pg_major_server(15), pg_major_server(18)
+    for s in (old, new):
+        with psycopg.connect(s.dsn, autocommit=True) as c:  # 15-17 start subscriptions at most every 5 s otherwise
+            c.execute("ALTER SYSTEM SET wal_retrieve_retry_interval = '100ms'")
+            c.execute("SELECT pg_reload_conf()")
+    gens = [fresh_database(old), fresh_database(new), fresh_database(new)]
+    try:
+        src, db1, db2 = (next(g) for g in gens)
+        with psycopg.connect(src, autocommit=True) as c:
+            c.execute(SOURCE)
+        cfg = Config(layout=Layout.make(), databases={"db1": db1, "db2": db2})
+        assert all(o.ok for o in init(cfg, SHARDS))
+        done = start_import(cfg, src, schema="public", key="user_id", skip=["countries"])
+        assert done.step == "done" and done.verified == {"logs": 100, "photos": 300, "users": 126}
+        with psycopg.connect(src) as c:
+            want = sorted(c.execute("SELECT id, user_id FROM photos").fetchall())
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction, match="public.photos was imported into pgidgen's shards"):
+                c.execute("DELETE FROM photos")
+        photos = _rows(cfg, "photos", "id, user_id")
+        assert sorted(r for _, r in photos) == want and all(shard == user % SHARDS for shard, (_, user) in photos)
+        assert leftovers({"source": src, **cfg.databases}) == []
+    finally:
+        for g in gens:
+            g.close()
+
+
+def test_a_role_without_the_rights_is_refused(source: str, two: Config) -> None:
+    role = "imp_" + uuid.uuid4().hex[:8]
+    params = psycopg.conninfo.conninfo_to_dict(source)
+    with psycopg.connect(source, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        as_role = psycopg.conninfo.make_conninfo(**{**params, "user": role})
+        with pytest.raises(PgidgenError, match="the source's role lacks REPLICATION"):
+            plan_import(two, as_role, schema="public", key="user_id", skip=["countries"])
+        with psycopg.connect(source, autocommit=True) as c:
+            c.execute(sql.SQL("ALTER ROLE {} REPLICATION").format(sql.Identifier(role)))
+            c.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(sql.Identifier(str(params["dbname"])), sql.Identifier(role)))
+        with pytest.raises(PgidgenError, match=r"the source's role does not own public\.logs"):
+            plan_import(two, as_role, schema="public", key="user_id", skip=["countries"])
+    finally:
+        with psycopg.connect(source, autocommit=True) as c:
+            c.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            c.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+class Crash(Exception):
+    pass
+
+
+POINTS = ["after:schema", "after:staging", "after:replicating", "after:copied", "after:frozen", "after:verified", "done:replication-dropped"]
+#: every step is stopped at once, half of them resumed and the others rolled back (the suite's time is shared)
+RESUMED, ROLLED_BACK = POINTS[0::2], POINTS[1::2]
+
+
+def _crash_at(point: str) -> Any:
+    def hook(where: str) -> None:
+        if where == point:
+            raise Crash(point)
+    return hook
+
+
+@pytest.mark.parametrize("point", RESUMED)
+def test_stopped_at_each_step_then_resumed(source: str, two: Config, point: str) -> None:
+    with pytest.raises(Crash):
+        start_import(two, source, schema="public", key="user_id", skip=["countries"], hook=_crash_at(point))
+    done = resume_import(two, source, schema="public")
+    verified = {} if point == "done:replication-dropped" else {"logs": 100, "photos": 300, "users": 126}  # verified before the stop
+    assert done.step == "done" and done.verified == verified
+    with psycopg.connect(source) as c:
+        assert sorted(r for _, r in _rows(two, "photos", "id, user_id")) == sorted(c.execute("SELECT id, user_id FROM photos").fetchall())
+    assert leftovers({"source": source, **two.databases}) == []
+
+
+@pytest.mark.parametrize("point", ROLLED_BACK)
+def test_stopped_at_each_step_then_rolled_back(source: str, two: Config, point: str) -> None:
+    with pytest.raises(Crash):
+        start_import(two, source, schema="public", key="user_id", skip=["countries"], hook=_crash_at(point))
+    rollback_import(two, source, schema="public")
+    assert leftovers({"source": source, **two.databases}) == []
+    assert _rows(two, "photos", "id") == []
+    with psycopg.connect(source) as c:
+        c.execute("UPDATE photos SET caption = 'after' WHERE id = 1")  # serving as before
+        assert c.execute("SELECT to_regnamespace('pgidgen_import')").fetchone() == (None,)
+    for dsn in two.databases.values():
+        with psycopg.connect(dsn) as c:
+            assert c.execute("SELECT to_regclass('public.photos'), to_regnamespace('pgidgen_import')").fetchone() == (None, None)
