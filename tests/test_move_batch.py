@@ -14,9 +14,10 @@ from moveshards import POINTS, Crash, crash_at, open_moves, quick_subscription_s
 
 from pgidgen.cli import main
 from pgidgen.config import Config
+from pgidgen.idgen import LOCK_CLASS
 from pgidgen.init import init
 from pgidgen.move import MoveError, MoveOptions, batches, move_shards, resume_move, rollback_move, verify_move
-from pgidgen.move.journal import ONLINE_STEPS, POINT_OF_NO_RETURN
+from pgidgen.move.journal import ONLINE_STEPS, POINT_OF_NO_RETURN, move_lock_key
 from pgidgen.move.rebalance import rebalance
 from pgidgen.shardmap import read_map
 
@@ -72,6 +73,22 @@ def test_a_batch_moves_under_writers_on_several_of_its_shards(config: Config) ->
     assert open_moves(config.dsn("db1")) == 0
     # the shard after it in db1's map was not part of the batch: still there
     assert state_of(config.dsn("db2"), 4) == ("active", "shard_4")
+
+
+def test_a_batch_one_of_whose_shards_another_mover_holds_is_refused_by_that_shard(config: Config) -> None:
+    """The batch's shards are locked in one statement: the one held elsewhere is named, nothing is journaled,
+    and the locks taken on the others are let go (the same batch moves once the holder is gone)."""
+    setup_shards(config, rows=5)
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as holder:
+        assert holder.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, move_lock_key(2))).fetchone()[0]
+        with pytest.raises(MoveError, match=r"shard 2 is being moved right now by another pgidgen"):
+            move_shards(config, BATCH, "db3")
+        assert open_moves(config.dsn("db1")) == 0
+        held = holder.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s::bigint::oid AND pid <> pg_backend_pid()",
+                              (LOCK_CLASS,)).fetchone()[0]
+        assert held == 0
+    reports = move_shards(config, BATCH, "db3")
+    assert [s for r in reports for s in r.shards] == BATCH
 
 
 @pytest.mark.parametrize("point", POINTS)

@@ -27,7 +27,7 @@ from ..layout import Layout
 from ..ranges import collapse
 from . import sqltext as q
 from .identity import IDENTITY_COLUMNS_SQL, Change, Identity, Keys, for_move, keys_of, movable, unequal_columns
-from .journal import POINT_OF_NO_RETURN, lock_holder, open_move
+from .journal import POINT_OF_NO_RETURN, MoveRecord, lock_holder, open_move, open_moves
 
 if TYPE_CHECKING:
     from ..check import Refusal
@@ -127,8 +127,7 @@ def locate_batch(config: Config, shards: list[int], target: str) -> list[ShardCo
         if mine:
             conn = connect(name, config.dsn(name), autocommit=True)
             try:
-                for shard in mine:
-                    check_no_other_move(conn, name, shard)
+                check_no_other_moves(conn, name, mine)
             finally:
                 conn.close()
     holders = {shard: find_holder(shard, states, down) for shard in shards}
@@ -532,10 +531,22 @@ def check_batch(ctxs: list[ShardContext], src: psycopg.Connection[Any], tgt: psy
     _refuse_missing(ctxs, _missing_references(src, tgt, q.EXTERNAL_REFERENCES_ANY_SQL, {"schemas": schemas}), tgt)
 
 
+def check_no_other_moves(conn: psycopg.Connection[Any], ctx_source: str, shards: list[int]) -> None:
+    """check_no_other_move of each of shards, in order, with one read of the journal."""
+    found = open_moves(conn, shards)
+    for shard in shards:
+        rec = found.get(shard)
+        if rec is not None:
+            _refuse_open_move(conn, ctx_source, shard, rec)
+
+
 def check_no_other_move(conn: psycopg.Connection[Any], ctx_source: str, shard: int) -> None:
     rec = open_move(conn, shard)
-    if rec is None:
-        return
+    if rec is not None:
+        _refuse_open_move(conn, ctx_source, shard, rec)
+
+
+def _refuse_open_move(conn: psycopg.Connection[Any], ctx_source: str, shard: int, rec: MoveRecord) -> None:
     pid = lock_holder(conn, shard)
     if pid is not None:
         raise MoveError(

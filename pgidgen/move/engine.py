@@ -28,6 +28,7 @@ from .context import (
     ShardContext,
     check_batch,
     check_no_other_move,
+    check_no_other_moves,
     check_owners,
     check_servers,
     check_tables,
@@ -251,8 +252,7 @@ def _move_batch(
             # for the answer in its turn): 10-20 ms, most of it the target connecting to the source
             conninfo = conninfo_for_subscription(opts.subscription_conninfo or config.dsn(ctx.source), admin)
             probing = Probe(target, config.dsn(target), conninfo)
-        for shard in shards:
-            check_no_other_move(admin, ctx.source, shard)
+        check_no_other_moves(admin, ctx.source, shards)
         states = dict(admin.execute("SELECT shard, state FROM pgidgen.shards WHERE shard = ANY(%s)", (shards,)).fetchall())
         gone = [s for s in shards if states.get(s) not in ("active", "moving")]
         if gone:

@@ -43,7 +43,7 @@ def plan_move(config: Config, shard: int, target: str, *, options: MoveOptions |
             if not opts.offline:
                 check_servers(ctx, src, tgt)
             streams = plan_tables(src, tgt, ctx.schema, [t.name for t in ctx.tables])
-            parents = [r[0] for r in src.execute(q.PARTITIONED_SQL, (ctx.schema,))]
+            parents = q.partitioned_of(src, [ctx.schema])[ctx.schema]
         finally:
             tgt.close()
     finally:

@@ -311,11 +311,21 @@ def copy_in_sql(schema: str, table: str, *, binary: bool, freeze: bool, columns:
 # -- cutover -------------------------------------------------------------------------------------------
 
 
-#: A schema's partitioned tables: the freeze locks them and the retired copy guards them with their partitions.
+#: The partitioned tables of a set of schemas (schema, table): the freeze locks them and the retired copy guards
+#: them with their partitions. Read from pg_partitioned_table, which holds only those: pg_class has no index by
+#: schema, and a query per shard that scans it made a batch's cost grow with every shard of the database.
 PARTITIONED_SQL = (
-    "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-    " WHERE n.nspname = %s AND c.relkind = 'p' ORDER BY 1"
+    "SELECT n.nspname, c.relname FROM pg_catalog.pg_partitioned_table pt JOIN pg_catalog.pg_class c ON c.oid = pt.partrelid"
+    " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ANY(%s) ORDER BY 1, 2"
 )
+
+
+def partitioned_of(conn: Any, schemas: Sequence[str]) -> dict[str, list[str]]:
+    """Per schema, its partitioned tables (none: an empty list), in one query."""
+    out: dict[str, list[str]] = {s: [] for s in schemas}
+    for schema, name in conn.execute(PARTITIONED_SQL, (list(schemas),)):
+        out.setdefault(str(schema), []).append(str(name))
+    return out
 
 
 #: Per table of a schema: its columns (by name) and whether a publication holds it (engine._changed_tables).

@@ -472,9 +472,6 @@ class MoverBase:
     def _measure_skew(self) -> None:
         raise NotImplementedError
 
-    def _partitioned(self, schema: str) -> list[str]:
-        raise NotImplementedError
-
     def _tables_as_they_stand(self, conn: psycopg.Connection[Any], schemas: list[str], *, prepare: bool | None = None) -> dict[str, dict[str, tuple[str, bool]]]:
         raise NotImplementedError
 

@@ -93,7 +93,8 @@ class CutoverSteps(MoverBase):
             self.journal.note("cutover", retired_schemas={str(k): v for k, v in retired.items()})
         schemas = [c.schema for c in self.ctxs]
         # per shard: parents first, as writers lock them
-        guarded = {c.shard: [q.TableRef(c.schema, name) for name in self._partitioned(c.schema)] + [q.TableRef(c.schema, t.name) for t in c.tables]
+        parents = q.partitioned_of(self.admin, schemas)
+        guarded = {c.shard: [q.TableRef(c.schema, name) for name in parents[c.schema]] + [q.TableRef(c.schema, t.name) for t in c.tables]
                    for c in self.ctxs}
         budget = self.opts.max_pause
         ahead = self._take_ahead()
@@ -216,9 +217,6 @@ class CutoverSteps(MoverBase):
             if not committed and snap is not None:
                 snap.close()
         self.snapshot = snap
-
-    def _partitioned(self, schema: str) -> list[str]:
-        return [r[0] for r in self.admin.execute(q.PARTITIONED_SQL, (schema,))]
 
     def _tables_as_they_stand(self, conn: psycopg.Connection[Any], schemas: list[str], *, prepare: bool | None = None) -> dict[str, dict[str, tuple[str, bool]]]:
         """Per schema, per table: its columns (name and type, by name) and whether the move's publication holds

@@ -32,11 +32,12 @@ class RollbackStep(MoverBase):
                     self._drop_target_copy()
             src_rows = {int(r[0]): (r[1], r[2]) for r in self.admin.execute(
                 "SELECT shard, state, schema_name FROM pgidgen.shards WHERE shard = ANY(%s)", (self.shards,))}
+            parents = q.partitioned_of(self.admin, [st[1] for st in src_rows.values() if st[0] == "retired"])
             with self.admin.transaction():
                 for c in self.ctxs:
                     st = src_rows.get(c.shard)
                     if st is not None and st[0] == "retired":
-                        execute_script(self.admin, q.unretire_sql(c.shard, c.schema, st[1], [t.name for t in c.tables] + self._partitioned(st[1])))
+                        execute_script(self.admin, q.unretire_sql(c.shard, c.schema, st[1], [t.name for t in c.tables] + parents[st[1]]))
                 self.admin.execute("UPDATE pgidgen.shards SET state = 'active', updated_at = now() WHERE shard = ANY(%s) AND state = 'moving'", (self.shards,))
             self.journal.finish("rolled_back")
         finally:
