@@ -17,7 +17,7 @@ class FailoverSteps(MoverBase):
     def _slot_lost(self, step: str) -> bool:
         """Before step runs again (a --resume, or a ride): when the source's slot is gone and nothing has flipped,
         the subscription is dropped and the journal goes back to the copy (True: the caller runs "copy" next)."""
-        if step not in SLOT_STEPS:
+        if step not in SLOT_STEPS or self.rec.mode != "online":  # an offline move has no slot
             return False
         if self.admin.execute("SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = %s", (self.names.slot,)).fetchone():
             return False
