@@ -17,6 +17,9 @@ SINCE: dict[str, int] = {
     # transaction_timeout exists: pgidgen turns it off, and pg_dump 17+ prints `SET transaction_timeout = 0`,
     # which an older server rejects
     "transaction_timeout": 17,
+    # a logical slot may be a failover slot (CREATE_REPLICATION_SLOT ... (FAILOVER true)): a standby that
+    # synchronizes slots (sync_replication_slots) keeps it, so a move survives its source's failover as it stands
+    "failover_slots": 17,
     # the MAINTAIN privilege exists, and every owner's default privileges include it
     "maintain_privilege": 17,
     # NOT NULL constraints are pg_constraint rows (contype 'n') besides pg_attribute.attnotnull

@@ -53,6 +53,7 @@ from .steps.base import (
 )
 from .steps.copy import CopySteps
 from .steps.cutover import CutoverSteps
+from .steps.failover import FailoverSteps
 from .steps.identity import IdentitySteps
 from .steps.prepare import PrepareSteps, ensure_catalog
 from .steps.replication import ReplicationSteps, drop_slots, measure_skew, teardown
@@ -486,7 +487,7 @@ def rollback_move(config: Config, shard: int) -> MoveReport:
         release(admin, shard)
 
 
-class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateStep, VerifyStep, IdentitySteps, RollbackStep, RideThrough):
+class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateStep, VerifyStep, IdentitySteps, RollbackStep, RideThrough, FailoverSteps):
     """Walks the journal's steps from the one last started; each step_<name> lives in its phase's module."""
 
     def run(self, *, resumed: bool = False) -> MoveReport:
@@ -499,6 +500,10 @@ class Mover(PrepareSteps, CopySteps, ReplicationSteps, CutoverSteps, ActivateSte
             while i < len(steps):
                 step = steps[i]
                 try:
+                    if step == self.resumed_step and self._slot_lost(step):  # the source failed over: steps/failover.py
+                        i = steps.index("copy")
+                        self.resumed_step = "copy"
+                        continue
                     self.journal.start(step)
                     self._point(step)
                     getattr(self, "step_" + step)()

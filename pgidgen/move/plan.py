@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from ..config import Config
 from ..db import connect
+from ..versions import has
 from . import identity as replica
 from . import sqltext as q
 from .context import (
@@ -44,13 +45,14 @@ def plan_move(config: Config, shard: int, target: str, *, options: MoveOptions |
                 check_servers(ctx, src, tgt)
             streams = plan_tables(src, tgt, ctx.schema, [t.name for t in ctx.tables])
             parents = q.partitioned_of(src, [ctx.schema])[ctx.schema]
+            failover = has(src, "failover_slots")
         finally:
             tgt.close()
     finally:
         src.close()
     return render_plan(config, ctx.shard, ctx.source, target, [t.name for t in ctx.tables], options=opts,
                        target_has_catalog=ctx.target_state.has_catalog, columns=columns, streams=streams, parents=parents,
-                       identities=[] if opts.offline else identity_changes(ctx))
+                       identities=[] if opts.offline else identity_changes(ctx), failover_slots=failover)
 
 
 def render_plan(
@@ -66,6 +68,7 @@ def render_plan(
     streams: list[TableCopy] | None = None,
     parents: Sequence[str] = (),
     identities: Sequence[replica.Change] = (),
+    failover_slots: bool = False,
 ) -> list[PlannedStep]:
     schema = f"shard_{shard}"
     streams = streams if streams is not None else [TableCopy(t, True) for t in tables]
@@ -98,7 +101,7 @@ def render_plan(
                         " the checks, before the snapshot; printed by pg_restore --section=pre-data), each table's rows as a binary COPY stream (psql at the snapshot on the"
                         " source), its post-data (indexes and constraints), " + ("the move's replica identities, " if identities else "")
                         + "and the target's catalog row",
-                        q.slot_sql(names) + ";\n" + _copy_sql(schema, streams) + replica.render(schema, identities)
+                        q.slot_sql(names, failover=failover_slots) + ";\n" + _copy_sql(schema, streams) + replica.render(schema, identities)
                         + q.target_row_sql(shard, schema, reset_offset=False)),
             PlannedStep("subscription", target, "subscribe without copying: apply streams every change after the snapshot",
                         q.subscription_sql(names, options.subscription_conninfo or config.dsn(source), show=True)),

@@ -83,10 +83,11 @@ def publication_sql(names: Names, tables: Sequence[TableRef]) -> str:
     return f"CREATE PUBLICATION {ident(names.publication)} FOR TABLE {', '.join(members)};\n"
 
 
-def slot_sql(names: Names) -> str:
+def slot_sql(names: Names, *, failover: bool = False) -> str:
     """A replication command (sent on a replication=database connection): the slot, and a snapshot of the
-    moment from which it streams, which pg_dump --snapshot copies the rows at."""
-    return f"CREATE_REPLICATION_SLOT {ident(names.slot)} LOGICAL pgoutput (SNAPSHOT 'export')"
+    moment from which it streams, which pg_dump --snapshot copies the rows at. failover (PostgreSQL 17+): a
+    failover slot, which a standby synchronizing slots keeps through a failover."""
+    return f"CREATE_REPLICATION_SLOT {ident(names.slot)} LOGICAL pgoutput (SNAPSHOT 'export'{', FAILOVER true' if failover else ''})"
 
 
 def subscription_sql(names: Names, source_conninfo: str, *, show: bool = False) -> str:

@@ -8,5 +8,6 @@
 - activate.py     activate: the target serves the shard, its generator state carried over
 - verify.py       verify: the copies compared at the cutover point
 - rollback.py     rollback of a move not yet past activate
+- failover.py     the source's slot gone when a step that streams from it runs again (a failover): copy again
 - ride.py         a lost connection during any step: waited for (--fault-wait), the step run again as --resume would
 """

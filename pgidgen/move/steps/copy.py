@@ -10,6 +10,7 @@ import psycopg
 
 from ...db import connect, execute_script, pg_message, server_encoding
 from ...errors import ConflictError, PgidgenError
+from ...versions import has
 from .. import sqltext as q
 from ..casts import casts_sql
 from ..context import MoveError
@@ -50,7 +51,7 @@ class CopySteps(MoverBase):
         def slot() -> str:
             cur = psycopg.ClientCursor(opening.result())
             try:
-                cur.execute(q.slot_sql(self.names))
+                cur.execute(q.slot_sql(self.names, failover=has(self.admin, "failover_slots")))
             except psycopg.Error as e:
                 raise MoveError(f"database {self.ctx.source} could not create the replication slot: {pg_message(e)}",
                                 hint="see max_replication_slots and max_wal_senders on the source") from None
