@@ -14,6 +14,7 @@ from click.testing import CliRunner, Result
 from pgidgen.cli import main
 from pgidgen.config import Config
 from pgidgen.init import init
+from pgidgen.move import move_shard
 
 
 def cli(config_file: Path, *args: str) -> Result:
@@ -105,3 +106,42 @@ def test_apply_ddl_gives_up_at_its_deadline_naming_the_session(
     again = cli(config_file, "apply-ddl", str(tmp_path / "note.sql"))
     assert again.exit_code == 0, again.output
     assert columns(live) == {"db1": 2, "db2": 2}
+
+
+def test_apply_ddl_during_a_move_leaves_the_moving_shard_alone_then_catches_it_up(live: Config, config_file: Path, tmp_path: Path) -> None:
+    """apply-ddl while shard 0 moves from db1 to db3 (run from the move's catch-up): it applies the file to the
+    other shards and leaves shard 0 out, saying so; the move does not fail; the next apply-ddl catches shard 0
+    up where it lives now."""
+    seen: dict[str, Result] = {}
+
+    def hook(point: str) -> None:
+        if point == "catchup":
+            seen["apply"] = cli(config_file, "apply-ddl", str(tmp_path / "note.sql"))
+
+    report = move_shard(live, 0, "db3", hook=hook)
+    assert report.status == "done", report.lines()
+    res = seen["apply"]
+    assert res.exit_code == 0, res.output
+    assert ("db1: applied note.sql (#2) to 1 shards (1); left out shards 0, being moved (the move copies them as they are):"
+            " run apply-ddl again once it is done to catch them up") in res.output.splitlines(), res.output
+    assert columns(live) == {"db1": 1, "db2": 2}
+    again = cli(config_file, "apply-ddl", str(tmp_path / "note.sql"))
+    assert again.exit_code == 0, again.output
+    assert "db3: applied note.sql (#2) to 1 shards (0)" in again.output.splitlines(), again.output
+    with psycopg.connect(live.dsn("db3")) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_attribute WHERE attname = 'note' AND attrelid = 'shard_0.t'::regclass").fetchone() == (1,)
+    assert cli(config_file, "status", "--drift").exit_code == 0
+
+
+def test_a_move_waits_for_an_apply_ddl_running_in_its_source(live: Config) -> None:
+    """apply-ddl holds its lock on db1 for a second (as while it runs): a move from db1 waits, then goes on."""
+    from pgidgen.ddl.ledger import DDL_LOCK
+    from pgidgen.idgen import LOCK_CLASS
+
+    with psycopg.connect(live.dsn("db1"), autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, DDL_LOCK))
+        release = threading.Timer(1.0, lambda: holder.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, DDL_LOCK)))
+        release.start()
+        report = move_shard(live, 0, "db3")
+        release.join()
+    assert report.status == "done" and report.verification is not None and report.verification.ok, report.lines()

@@ -3,6 +3,7 @@ tables on the target; the target's pgidgen catalog, installed or brought up to d
 from __future__ import annotations
 
 import subprocess
+import time
 from typing import Any
 
 import psycopg
@@ -54,15 +55,24 @@ def ensure_catalog(conn: psycopg.Connection[Any], name: str, config: Config, *, 
 
 
 
+#: How long a move waits for an apply-ddl running in its source database before it gives up (resumable).
+APPLY_DDL_WAIT_S = 120
+
+
 class PrepareSteps(MoverBase):
     def step_prepare(self) -> None:
         if self.opts.offline:  # an online move does it on a connection of its own, see below and step_copy
             self._ensure_target_catalog()
-        with self.admin.transaction():
-            if not self.admin.execute("SELECT pg_try_advisory_xact_lock_shared(%s, %s)", (LOCK_CLASS, DDL_LOCK)).fetchone()[0]:  # type: ignore[index]
-                raise MoveError(f"pgidgen apply-ddl is changing shards in database {self.ctx.source}",
+        deadline = time.monotonic() + APPLY_DDL_WAIT_S
+        while True:  # an apply-ddl running there is waited for (it leaves shards in flight alone, but not these yet)
+            with self.admin.transaction():
+                if self.admin.execute("SELECT pg_try_advisory_xact_lock_shared(%s, %s)", (LOCK_CLASS, DDL_LOCK)).fetchone()[0]:  # type: ignore[index]
+                    self.admin.execute(q.source_moving_sql(self.shards))
+                    break
+            if time.monotonic() > deadline:
+                raise MoveError(f"pgidgen apply-ddl has been changing shards in database {self.ctx.source} for over {APPLY_DDL_WAIT_S} s",
                                 hint=f"wait for it to finish, then 'pgidgen move-shard --resume {self.ctx.shard}'")
-            self.admin.execute(q.source_moving_sql(self.shards))
+            time.sleep(0.2)
         if not self.opts.offline and self.catalog_ahead is None:
             # a target's catalog (on a new database some 50-150 ms) goes in from here, beside the publication, the
             # slot and the schema, rather than later beside the rows, whose COPY it would slow down
