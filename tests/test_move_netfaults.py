@@ -24,6 +24,7 @@ from moveshards import POINTS, quick_subscription_start, rows_of, serving, setup
 
 from pgidgen.config import Config
 from pgidgen.move import MoveError, MoveOptions, MoveReport, move_shard, move_shards, resume_move, rollback_move
+from pgidgen.move import sqltext as q
 
 SHARD = 1
 
@@ -212,6 +213,22 @@ def test_a_commit_lost_in_the_pause_is_looked_up_before_anything_else(net: Net) 
         log = [r[0] for r in c.execute("SELECT event FROM pgidgen.move_log WHERE step = 'cutover' ORDER BY at")]
     assert "aborted" not in log and log.count("fault") == 1, log
     print(f"\ncommit lost in the pause: {len(w.ids)} writes acknowledged, 0 lost, 0 twice, move {took:.1f}s, pause {report.pause_ms:.0f} ms")
+
+
+def test_a_link_that_stalls_in_the_pause_does_not_hold_the_writes_for_the_stall(net: Net) -> None:
+    """pgidgen's link to the source stalls (nothing forwarded, nothing closed) right after the freeze, longer than
+    the pause's guard: the source ends the silent frozen transaction by itself (idle_in_transaction_session_timeout,
+    sqltext.pause_guard_sql), so the application's writes go on rather than wait for the link; pgidgen finds its
+    session gone when the link flows again, the flip not made, and runs the cutover again."""
+    setup_shards(net.direct, rows=200)
+    stall = q.PAUSE_IDLE_FLOOR_S + 4
+    report, w, took = under_writer(net, lambda: move_shard(net.config, SHARD, "db3", options=net.options(fault_wait=stall + 20),
+                                                           hook=once("cutover:frozen", lambda: net.src.stall(stall))))
+    [fault] = report.faults
+    assert fault["step"] == "cutover" and "idle-in-transaction timeout" in fault["error"], fault
+    assert report.verification is not None and report.verification.ok
+    print(f"\nstalled in the pause: {len(w.ids)} writes acknowledged, 0 lost, 0 twice, longest write gap {w.max_gap:.1f}s"
+          f" (the stall {stall:.0f}s), move {took:.1f}s")
 
 
 def test_a_source_that_refuses_connections_for_a_while_during_the_copy(net: Net) -> None:

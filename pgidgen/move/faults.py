@@ -2,7 +2,7 @@
 through within --fault-wait (steps/ride.py), and which are not (anything else fails the move at once).
 
 A lost connection shows in three ways: a psycopg error of SQLSTATE class 08 (connection exception), 57P01-57P03
-(the server shutting down, crashed, or not yet accepting connections) or none at all (libpq's own "server closed
+(the server shutting down, crashed, or not yet accepting connections), 25P03 (a session silent too long in a transaction) or none at all (libpq's own "server closed
 the connection unexpectedly"); pgidgen's own DatabaseError from connecting, or a MoveError that wraps one of
 these (raised `from None`, the original stays its __context__); and the text of a client program's error (psql,
 pg_dump), where libpq's wording is all there is.
@@ -16,8 +16,10 @@ import psycopg
 from ..errors import PgidgenError
 from .context import MoveError
 
-#: SQLSTATEs of a connection that went away, or a server that will take connections again shortly.
-LOST_STATES = ("57P01", "57P02", "57P03")
+#: SQLSTATEs of a connection that went away, or a server that will take connections again shortly; and 25P03, a
+#: session the server ended when it went silent in a transaction (the pause's guard, sqltext.pause_guard_sql: the
+#: link stalled).
+LOST_STATES = ("57P01", "57P02", "57P03", "25P03")
 #: libpq's words for a connection lost or not made on the way (not refused by the server): as a client program
 #: (psql, pg_dump) prints them, or a subscription's login reports them.
 LOST_WORDS = re.compile(

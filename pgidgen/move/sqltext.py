@@ -371,6 +371,19 @@ def freeze_sql(shards: int | Sequence[int], tables: Sequence[TableRef], lock_tim
     return text
 
 
+#: The pause's guard: the source's frozen transaction, idle while pgidgen waits on the target, ends by itself (its
+#: locks with it) when pgidgen goes silent for this many times --max-pause, at least PAUSE_IDLE_FLOOR_S: a link
+#: that stalls in the pause (nothing forwarded, nothing closed) would otherwise hold the application's writes for
+#: as long as the stall. pgidgen then finds its session gone and runs the cutover again (steps/ride.py).
+PAUSE_IDLE_FACTOR = 5
+PAUSE_IDLE_FLOOR_S = 10.0
+
+
+def pause_guard_sql(max_pause: float) -> str:
+    ms = int(max(PAUSE_IDLE_FLOOR_S, PAUSE_IDLE_FACTOR * max_pause) * 1000)
+    return f"SET LOCAL idle_in_transaction_session_timeout = '{ms}ms';\n"
+
+
 def retire_sql(shard: int, schema: str, retired: str, tables: Sequence[TableRef], target: str) -> str:
     """Rename the source copy (late writers by name get 'does not exist'), guard its tables with an always-on
     trigger (writers with cached plans or the new name get a loud error; partitioned parents get one too, as a

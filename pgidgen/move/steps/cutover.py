@@ -139,7 +139,8 @@ class CutoverSteps(MoverBase):
             t_start = time.perf_counter()
             deadline = t_start + budget
             try:
-                execute_script(src, q.freeze_sql(self.shards, [t for c in self.ctxs for t in guarded[c.shard]], int(budget * 1000)))
+                execute_script(src, q.freeze_sql(self.shards, [t for c in self.ctxs for t in guarded[c.shard]], int(budget * 1000))
+                               + ("" if self.opts.offline else q.pause_guard_sql(budget)))  # offline: the copy runs in the pause
             except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
                 src.rollback()
                 whose = "the shard's tables" if len(self.ctxs) == 1 else f"the tables of {self.what}"
