@@ -127,7 +127,8 @@ def live_apply(config: Config, where: dict[int, str], blocked: int, column: str,
            ("completed once the transaction ended", f"{'yes' if t1 >= ended.at else 'NO (before it)'}, {t1 - ended.at:.2f} s after it;"
             f" column on {added(config, column)} of {SHARDS} shards")])
     if commit_every is None:
-        table([("note", "all or nothing across databases: db2's transaction, done, keeps its locks until db1's commits")])
+        table([("note", "all or nothing across databases until the first lock wait: then db2, done, commits, and db1 goes on"
+                         " in chunks of 50; db1's first try holds the shards it altered before the blocked one")])
     target = (LOCK_TIMEOUT + 0.05) * 1000
     for db in (None, *config.databases):
         some = app.between(t0, t1, db)
