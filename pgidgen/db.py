@@ -202,8 +202,9 @@ class Outcome:
         return out
 
 
-def each_database(names: Sequence[str], work: Callable[[str], T], *, parallel: bool = True) -> dict[str, T | PgidgenError]:
-    """Run work(name) for every database, in parallel threads; a PgidgenError is returned, not raised."""
+def each_database(names: Sequence[str], work: Callable[[str], T], *, parallel: bool = True, every_one: bool = False) -> dict[str, T | PgidgenError]:
+    """Run work(name) for every database, in parallel threads (at most 8, or one each with every_one: for work
+    that waits on the others'); a PgidgenError is returned, not raised."""
 
     def guarded(name: str) -> T | PgidgenError:
         try:
@@ -218,7 +219,7 @@ def each_database(names: Sequence[str], work: Callable[[str], T], *, parallel: b
             return {name: guarded(name) for name in names}
         except KeyboardInterrupt:
             raise KeyboardInterrupt(_interrupted_message(names)) from None
-    pool = ThreadPoolExecutor(max_workers=min(8, len(names)))
+    pool = ThreadPoolExecutor(max_workers=len(names) if every_one else min(8, len(names)))
     try:
         futures = {name: pool.submit(guarded, name) for name in names}
         return {name: f.result() for name, f in futures.items()}

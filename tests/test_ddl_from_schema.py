@@ -206,6 +206,10 @@ def test_a_shard_of_the_dump_moves_online_under_a_writer(dumps: Dumps, config: C
         INSERT INTO accounts (email, name) VALUES ('first@example.org', 'first');
         INSERT INTO projects (account_id, title, budget) VALUES (1, 'Roof tiles', ROW(12.50, 'EUR'));
         INSERT INTO events (project_id, at, kind) VALUES (1, '2025-06-01', 'opened'), (1, '2031-01-01', 'later');
+        -- a trigger on the unlogged table: the copy in the pause must not fire it on the target (an audit row too many)
+        CREATE FUNCTION note_session() RETURNS trigger LANGUAGE plpgsql AS $$
+          BEGIN INSERT INTO shard_0.audit_log (actor, action, detail) VALUES ('app', 'session', '{}'); RETURN NEW; END $$;
+        CREATE TRIGGER sessions_noted AFTER INSERT ON sessions FOR EACH ROW EXECUTE FUNCTION note_session();
         RESET search_path;""")
 
     def work(c: psycopg.Connection[Any], n: int) -> int:
@@ -224,6 +228,9 @@ def test_a_shard_of_the_dump_moves_online_under_a_writer(dumps: Dumps, config: C
     assert rows(moved, "SELECT budget::text, (SELECT count(*) FROM shard_0.events) FROM shard_0.projects") == [("12.50 EUR", 2)]
     assert rows(moved, f"SELECT count(*) FROM shard_0.sessions WHERE account = ANY(ARRAY{ids}::bigint[])") == [(len(ids),)]
     assert any(line.startswith("unlogged shard_0.sessions: ") and "rows copied in the pause" in line for line in report.lines()), report.lines()
+    assert rows(moved, "SELECT count(*) FROM shard_0.audit_log WHERE action = 'session'") == [(len(ids),)]
+    assert rows(moved, "SELECT tgenabled::text FROM pg_trigger WHERE tgname = 'sessions_noted'") == [("O",)]
+    rows(moved, "SELECT 1", first="DROP TRIGGER sessions_noted ON shard_0.sessions; DROP FUNCTION shard_0.note_session()")  # the test's own
     assert leftovers(config.databases) == []
     drift = read_drift(config)
     assert drift.ok and drift.fingerprints == 1, drift.problems

@@ -59,6 +59,7 @@ class DatabaseLedger:
     shards: dict[int, set[int]] = field(default_factory=dict)  # shard -> positions it has
     active: set[int] = field(default_factory=set)
     moving: set[int] = field(default_factory=set)
+    incoming: set[int] = field(default_factory=set)  # a move's copy, not yet activated
 
     def latest(self, name: str, shard: int) -> FileVersion | None:
         """The newest version of a file name this shard has."""
@@ -79,6 +80,8 @@ def read_ledger(conn: psycopg.Connection[Any]) -> DatabaseLedger:
                 led.active.add(int(shard))
             elif state == "moving":
                 led.moving.add(int(shard))
+            elif state == "incoming":
+                led.incoming.add(int(shard))
     if led.has_tables:
         for r in conn.execute("SELECT position, name, sha256, source, template, placeholder, pgidgen_version FROM pgidgen.ddl_files"):
             led.files[int(r[0])] = FileVersion(*r)

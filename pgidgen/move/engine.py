@@ -55,7 +55,7 @@ from .steps.copy import CopySteps
 from .steps.cutover import CutoverSteps
 from .steps.failover import FailoverSteps
 from .steps.identity import IdentitySteps
-from .steps.prepare import PrepareSteps, ensure_catalog
+from .steps.prepare import PrepareSteps, ensure_catalog, wait_for_apply_ddl
 from .steps.replication import ReplicationSteps, drop_slots, measure_skew, teardown
 from .steps.ride import RideThrough
 from .steps.rollback import RollbackStep
@@ -226,6 +226,7 @@ def _move_batch(
     batch_checked: Background[None] | None = None
     try:
         ensure_catalog(admin, ctx.source, config)
+        wait_for_apply_ddl(admin, ctx.source)  # before anything reads the shard's schema
         busy = try_lock_all(admin, shards)
         if busy is not None:
             check_no_other_move(admin, ctx.source, busy)

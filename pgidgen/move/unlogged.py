@@ -27,6 +27,14 @@ def copy_unlogged(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], ta
     plans = [t for schema, names in by_schema.items() for t in plan_tables(src, tgt, schema, names, into=schema)]
     copied = 0
     with tgt.transaction():
+        # the target's own triggers on them (its post-data) stay silent, as during the first copy, which ran before them
+        triggers = tgt.execute(
+            "SELECT n.nspname, c.relname, t.tgname, t.tgenabled::text FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE NOT t.tgisinternal AND t.tgenabled <> 'D'"
+            " AND (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+            ([s for s, _ in tables], [n for _, n in tables])).fetchall()
+        for schema, name, trigger, _ in triggers:
+            tgt.execute(f"ALTER TABLE {q.ident(schema, name)} DISABLE TRIGGER {q.ident(trigger)}")
         tgt.execute(f"TRUNCATE ONLY {', '.join(q.ident(schema, name) for schema, name in tables)}")  # together: foreign keys among them
         for t in plans:
             writer = tgt.cursor()
@@ -35,4 +43,7 @@ def copy_unlogged(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], ta
                 for block in out:
                     into.write(block)
             copied += max(writer.rowcount, 0)
+        for schema, name, trigger, enabled in triggers:  # as it was: O, or ENABLE ALWAYS / REPLICA
+            how = {"A": "ENABLE ALWAYS", "R": "ENABLE REPLICA"}.get(enabled, "ENABLE")
+            tgt.execute(f"ALTER TABLE {q.ident(schema, name)} {how} TRIGGER {q.ident(trigger)}")
     return copied

@@ -140,7 +140,8 @@ class CutoverSteps(MoverBase):
             deadline = t_start + budget
             try:
                 execute_script(src, q.freeze_sql(self.shards, [t for c in self.ctxs for t in guarded[c.shard]], int(budget * 1000))
-                               + ("" if self.opts.offline else q.pause_guard_sql(budget)))  # offline: the copy runs in the pause
+                               # offline, the copy runs in the pause; --verify-in-pause, the compare (src idles between its passes)
+                               + ("" if self.opts.offline or self.opts.verify_in_pause else q.pause_guard_sql(budget)))
             except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
                 src.rollback()
                 whose = "the shard's tables" if len(self.ctxs) == 1 else f"the tables of {self.what}"

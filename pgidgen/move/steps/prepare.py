@@ -55,24 +55,33 @@ def ensure_catalog(conn: psycopg.Connection[Any], name: str, config: Config, *, 
 
 
 
-#: How long a move waits for an apply-ddl running in its source database before it gives up (resumable).
+#: How long a move waits for an apply-ddl running in its source database before it gives up.
 APPLY_DDL_WAIT_S = 120
+
+
+def wait_for_apply_ddl(admin: psycopg.Connection[Any], source: str) -> None:
+    """Before a move reads the shard's schema: wait (up to APPLY_DDL_WAIT_S) while an apply-ddl runs in the source
+    database (it holds DDL_LOCK for its run; it leaves shards in flight alone, but these are not in flight yet)."""
+    deadline = time.monotonic() + APPLY_DDL_WAIT_S
+    while True:
+        with admin.transaction():
+            if admin.execute("SELECT pg_try_advisory_xact_lock_shared(%s, %s)", (LOCK_CLASS, DDL_LOCK)).fetchone()[0]:  # type: ignore[index]
+                return
+        if time.monotonic() > deadline:
+            raise MoveError(f"pgidgen apply-ddl has been changing shards in database {source} for over {APPLY_DDL_WAIT_S} s",
+                            hint="wait for it to finish, then move again")
+        time.sleep(0.2)
 
 
 class PrepareSteps(MoverBase):
     def step_prepare(self) -> None:
         if self.opts.offline:  # an online move does it on a connection of its own, see below and step_copy
             self._ensure_target_catalog()
-        deadline = time.monotonic() + APPLY_DDL_WAIT_S
-        while True:  # an apply-ddl running there is waited for (it leaves shards in flight alone, but not these yet)
-            with self.admin.transaction():
-                if self.admin.execute("SELECT pg_try_advisory_xact_lock_shared(%s, %s)", (LOCK_CLASS, DDL_LOCK)).fetchone()[0]:  # type: ignore[index]
-                    self.admin.execute(q.source_moving_sql(self.shards))
-                    break
-            if time.monotonic() > deadline:
-                raise MoveError(f"pgidgen apply-ddl has been changing shards in database {self.ctx.source} for over {APPLY_DDL_WAIT_S} s",
+        with self.admin.transaction():  # an apply-ddl was waited for before the schema was read (wait_for_apply_ddl)
+            if not self.admin.execute("SELECT pg_try_advisory_xact_lock_shared(%s, %s)", (LOCK_CLASS, DDL_LOCK)).fetchone()[0]:  # type: ignore[index]
+                raise MoveError(f"pgidgen apply-ddl began changing shards in database {self.ctx.source} as the move started",
                                 hint=f"wait for it to finish, then 'pgidgen move-shard --resume {self.ctx.shard}'")
-            time.sleep(0.2)
+            self.admin.execute(q.source_moving_sql(self.shards))
         if not self.opts.offline and self.catalog_ahead is None:
             # a target's catalog (on a new database some 50-150 ms) goes in from here, beside the publication, the
             # slot and the schema, rather than later beside the rows, whose COPY it would slow down
