@@ -54,13 +54,23 @@ def pair(fresh_dsns: dict[str, str], config: Config) -> Iterator[Pair]:
         sandbox._run([str(basebackup), "-D", replica.datadir, "-R", "-X", "stream", "-c", "fast",
                       "-d", f"host=127.0.0.1 port={primary.port} user={sandbox.SUPERUSER}"], what="pg_basebackup the standby")
         settings = Path(replica.datadir) / "postgresql.auto.conf"
-        settings.write_text(settings.read_text() + f"port = {replica.port}\nunix_socket_directories = '{replica.datadir}'\n"
+        # -R's primary_conninfo is the client tools' libpq's: a newer one names options (sslnegotiation, 17+) that an
+        # older server's walreceiver refuses, so the standby never connects; the server's own words instead
+        kept = [line for line in settings.read_text().splitlines() if not line.startswith("primary_conninfo")]
+        settings.write_text("\n".join(kept) + f"\nprimary_conninfo = 'host=127.0.0.1 port={primary.port} user={sandbox.SUPERUSER}"
+                            f" application_name=standby'\nport = {replica.port}\nunix_socket_directories = '{replica.datadir}'\n"
                             "cluster_name = 'standby'\nwal_retrieve_retry_interval = '100ms'\n")
         sandbox.start(replica)
         with psycopg.connect(primary.dsn, autocommit=True) as c:  # the standby streams synchronously before the test starts
+            c.execute("SELECT 1 FROM pg_stat_replication WHERE application_name = 'standby'")
+            deadline = time.monotonic() + 60
+            while not c.execute("SELECT 1 FROM pg_stat_replication WHERE application_name = 'standby' AND state = 'streaming'").fetchone():
+                assert time.monotonic() < deadline, "the standby did not stream within 60 s: see its log in " + str(root)
+                time.sleep(0.02)
             c.execute("ALTER SYSTEM SET synchronous_standby_names = 'standby'")
             c.execute("SELECT pg_reload_conf()")
             while not c.execute("SELECT 1 FROM pg_stat_replication WHERE application_name = 'standby' AND sync_state = 'sync'").fetchone():
+                assert time.monotonic() < deadline, "the standby did not become synchronous within 60 s"
                 time.sleep(0.02)
         yield Pair(primary, replica, Config(layout=config.layout, databases={**config.databases, "db1": primary.dsn}))
     finally:
