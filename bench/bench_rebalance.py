@@ -20,6 +20,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from bench_move import WriterProcess
@@ -58,6 +59,23 @@ def build(major: int, databases: int) -> tuple[list[sandbox.Server], Path, Confi
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
         c.execute("VACUUM ANALYZE")
     return servers, root, config
+
+
+def under_writers(config: Config) -> tuple[Any, float, list[Any]]:
+    """rebalance --parallel 2 while writers insert into four of the moving shards: its result, its seconds, and
+    what each writer saw (checked: no ID twice, none out of order)."""
+    moving = [m.shard for m in plan_rebalance(config).moves]
+    writers = [WriterProcess(config.databases, s) for s in (moving[0], moving[len(moving) // 3], moving[2 * len(moving) // 3], moving[-1])]
+    time.sleep(0.5)
+    t0 = time.perf_counter()
+    result = rebalance(config, parallel=2)
+    seconds = time.perf_counter() - t0
+    time.sleep(0.3)
+    seen = [w.stop() for w in writers]
+    assert result.ok, result.failures[:3]
+    for w in seen:
+        assert len(w.ids) == len(set(w.ids)) and w.ids == sorted(w.ids), "a writer saw an ID twice or out of order"
+    return result, seconds, seen
 
 
 def p99(values: list[float]) -> float:
@@ -113,21 +131,10 @@ def run() -> None:
             section(f"PostgreSQL {major}: {SHARDS} shards, 1 -> {databases} databases")
             servers, root, config = build(major, databases)
             try:
-                moving = [m.shard for m in plan_rebalance(config).moves]
-                watched = [moving[0], moving[len(moving) // 3], moving[2 * len(moving) // 3], moving[-1]]
-                writers = [WriterProcess(config.databases, s) for s in watched]
-                time.sleep(0.5)
-                t0 = time.perf_counter()
-                result = rebalance(config, parallel=2)
-                seconds = time.perf_counter() - t0
-                time.sleep(0.3)
-                seen = [w.stop() for w in writers]
-                assert result.ok, result.failures[:3]
+                result, seconds, seen = under_writers(config)
                 moves = len(result.plan.moves)
                 pauses = [r.pause_ms or 0.0 for r in result.reports]
                 gaps = [g for w in seen for g in w.gaps]
-                for w in seen:
-                    assert len(w.ids) == len(set(w.ids)) and w.ids == sorted(w.ids), "a writer saw an ID twice or out of order"
                 print(f"  rebalance: {moves} moves in {len(result.reports)} batches, {seconds:.1f} s, {moves / seconds:.1f} moves/s", flush=True)
                 print(f"  write pause (reported by the batches): median {statistics.median(pauses):.0f} ms, max {max(pauses):.0f} ms", flush=True)
                 longest = max(result.reports, key=lambda r: r.pause_ms or 0.0)

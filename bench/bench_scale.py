@@ -20,15 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import bench_rebalance
-from bench_move import WriterProcess
-from bench_rebalance import p99
+from bench_rebalance import p99, under_writers
 from common import section, timed
 
 from pgidgen import sandbox
 from pgidgen.check import check
 from pgidgen.config import Config
 from pgidgen.ddl.drift import read_drift
-from pgidgen.move.rebalance import plan_rebalance, rebalance
 from pgidgen.move.retired import cleanup_retired, plan_retired
 from pgidgen.routing import Router, locate
 from pgidgen.shardmap import read_map
@@ -57,17 +55,7 @@ def build(major: int, shards: int, databases: int) -> tuple[list[sandbox.Server]
 
 def moved(config: Config) -> dict[str, float]:
     """rebalance --parallel 2 under writers on four moving shards: seconds, moves/s, longest pause, longest gap."""
-    moving = [m.shard for m in plan_rebalance(config).moves]
-    writers = [WriterProcess(config.databases, s) for s in (moving[0], moving[len(moving) // 3], moving[2 * len(moving) // 3], moving[-1])]
-    time.sleep(0.5)
-    t0 = time.perf_counter()
-    result = rebalance(config, parallel=2)
-    seconds = time.perf_counter() - t0
-    time.sleep(0.3)
-    seen = [w.stop() for w in writers]
-    assert result.ok, result.failures[:3]
-    for w in seen:
-        assert len(w.ids) == len(set(w.ids)) and w.ids == sorted(w.ids), "a writer saw an ID twice or out of order"
+    result, seconds, seen = under_writers(config)
     pauses = [r.pause_ms or 0.0 for r in result.reports]
     gaps = [g for w in seen for g in w.gaps]
     print(f"  rebalance 1 -> {len(config.databases)}: {len(result.plan.moves)} moves in {len(result.reports)} batches, {seconds:.1f} s,"
