@@ -63,6 +63,7 @@ class Sizing:
     chosen: bool = False  # by --commit-every
     resumes: str = LEDGER_RESUMES
     reserved: int = 0  # locks the first transaction takes besides its shards (init's catalog)
+    hold: float = 0.0  # when > 0: a transaction also commits once it has held its shards' locks this long (seconds)
 
     @property
     def first(self) -> int:
@@ -77,11 +78,14 @@ class Sizing:
 
     @property
     def chunked(self) -> bool:
-        return self.transactions > 1 or self.chosen
+        return self.transactions > 1 or self.chosen or self.hold > 0
 
     def describe(self, name: str) -> str:
         if self.chosen:
             return f"{name}: {self.shards} shards in {self.transactions} transactions of up to {self.per_tx} (--commit-every)"
+        if self.hold:
+            return (f"{name}: {self.shards} shards in transactions of up to {self.per_tx} shards or {self.hold * 1000:.0f} ms each"
+                    f" (the application waits on a shard at most that plus the lock timeout); {self.resumes}")
         if not self.chunked:
             return f"{name}: {self.shards} shards in one transaction (~{self.locks_per_shard} locks per shard, the lock table holds {self.capacity})"
         return (f"{name}: {self.shards} shards in {self.transactions} transactions of up to {self.per_tx}: ~{self.locks_per_shard} locks per shard"

@@ -388,11 +388,11 @@ def test_a_name_with_a_line_break_is_refused_not_run(sharded: Config, config_fil
 def test_waits_for_the_ddl_lock_then_says_who_holds_it(
     sharded: Config, config_file: Path, schema_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pgidgen.ddl import apply as apply_mod
+    from pgidgen.ddl import applytx
     from pgidgen.ddl.ledger import DDL_LOCK
     from pgidgen.idgen import LOCK_CLASS
 
-    monkeypatch.setattr(apply_mod, "LOCK_WAIT_S", 1)
+    monkeypatch.setattr(applytx, "LOCK_WAIT_S", 1)
     with psycopg.connect(sharded.databases["db2"], autocommit=True) as holder:
         holder.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, DDL_LOCK))
         res = cli(config_file, "apply-ddl", str(schema_file))
@@ -492,7 +492,7 @@ def test_a_failure_past_a_databases_first_shard_names_shard_and_statement(sharde
     execute(sharded, "db2", "ALTER TABLE shard_3.marks DROP COLUMN m")  # db2 holds shards 2-3: 3 runs in a batch
     second = tmp_path / "second.sql"
     second.write_text("CREATE TABLE notes (id bigint PRIMARY KEY DEFAULT next_id());\nCREATE INDEX ON marks (m);\n")
-    res = cli(config_file, "apply-ddl", str(second))
+    res = cli(config_file, "apply-ddl", "--atomic", str(second))
     assert res.exit_code == 1
     assert ('db2: failed, rolled back: database db2 failed in shard_3 at statement 2 (CREATE INDEX) of second.sql:2:1:'
             ' column "m" does not exist') in res.output, res.output

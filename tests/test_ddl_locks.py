@@ -99,7 +99,7 @@ def test_a_few_shards_stay_one_transaction(one_db: tuple[Config, Path], tmp_path
     init(config, 3)
     ddl = tmp_path / "schema.sql"
     ddl.write_text(SCHEMA)
-    result = apply_ddl(config, read_file(ddl))
+    result = apply_ddl(config, read_file(ddl), atomic=True)
     (sizing,) = result.plan.sizing.values()
     assert (sizing.transactions, sizing.chunked) == (1, False)
     assert [o.summary for o in result.outcomes] == ["applied schema.sql (#1) to 3 shards (0-2)"]
@@ -111,7 +111,7 @@ def test_the_line_a_terminal_shows(one_db: tuple[Config, Path], tmp_path: Path) 
     init(config, SHARDS)
     ddl = tmp_path / "schema.sql"
     ddl.write_text(SCHEMA)
-    result = apply_ddl(config, read_file(ddl))
+    result = apply_ddl(config, read_file(ddl), atomic=True)
     (sizing,) = result.plan.sizing.values()
     assert sizing.describe("a") == (
         f"a: {SHARDS} shards in {sizing.transactions} transactions of up to {sizing.per_tx}: ~{sizing.locks_per_shard} locks per shard"

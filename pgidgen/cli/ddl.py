@@ -20,7 +20,8 @@ from .common import Bar, LockWaits, get_config, interactive, lock_options, lock_
               help="FILE is a schema dump (pg_dump --schema-only, Rails' structure.sql) whose objects live in SCHEMA: they become every shard's.")
 @click.option("--owner", metavar="ROLE", help="With --from-schema: the dump's OWNER TO name ROLE (default: left out; objects belong to the role pgidgen runs as).")
 @click.option("--reapply-changed", is_flag=True, help="Run a file whose content changed since it was applied again, on every shard.")
-@click.option("--commit-every", type=int, metavar="N", help="Commit every N shards (default: all at once when the server's lock table holds them, else chunks it sizes; re-runs resume).")
+@click.option("--commit-every", type=int, metavar="N", help="Commit every N shards (default: a transaction commits once it has held its shards' locks 50 ms; re-runs resume).")
+@click.option("--atomic", is_flag=True, help="All or nothing: each database's shards in one transaction, committed when every database succeeded (the application waits on each shard's locks until then).")
 @click.option("--dry-run", is_flag=True, help="Print per statement the lock it takes on which table, whether it rewrites the table, and warnings with the online alternative; apply nothing.")
 @click.option("--sql", "sql_only", is_flag=True, help="Print the SQL per database without connecting (needs --shards).")
 @click.option("--shards", type=int, help="With --sql: the shard count, shards spread as init spreads them.")
@@ -37,6 +38,7 @@ def apply_ddl_cmd(
     owner: str | None,
     reapply_changed: bool,
     commit_every: int | None,
+    atomic: bool,
     dry_run: bool,
     sql_only: bool,
     shards: int | None,
@@ -85,6 +87,7 @@ def apply_ddl_cmd(
             lock_policy=policy,
             on_lock_wait=None if as_json else waits.say,
             jobs=jobs,
+            atomic=atomic,
         )
     finally:
         bar.close()
