@@ -110,23 +110,23 @@ def added(config: Config, column: str) -> int:
     return n
 
 
-def live_apply(config: Config, where: dict[int, str], blocked: int, column: str, commit_every: int | None) -> None:
+def live_apply(config: Config, where: dict[int, str], blocked: int, column: str, commit_every: int | None, atomic: bool = False) -> None:
     waits: list[float] = []
     conn, ended = blocker(config, blocked)
     with App(config, where) as app:
         t0 = time.monotonic()
-        apply_ddl(config, parse_file(f"ALTER TABLE t ADD COLUMN {column} text;\n", f"{column}.sql"), commit_every=commit_every,
+        apply_ddl(config, parse_file(f"ALTER TABLE t ADD COLUMN {column} text;\n", f"{column}.sql"), commit_every=commit_every, atomic=atomic,
                   lock_policy=LockPolicy(lock_timeout=LOCK_TIMEOUT, wait=HOLD + 120),
                   on_lock_wait=lambda name, shards, holders, waited: waits.append(waited))
         t1 = time.monotonic()
         ended.wait()
     conn.close()
     during = app.between(t0, t1)
-    how = "one transaction per database" if commit_every is None else f"--commit-every {commit_every}"
+    how = "--atomic" if atomic else "the default: 50 ms transactions" if commit_every is None else f"--commit-every {commit_every}"
     table([("apply-ddl " + how, f"{t1 - t0:.1f} s, {len(waits)} lock waits reported, {len(during)} app queries meanwhile"),
            ("completed once the transaction ended", f"{'yes' if t1 >= ended.at else 'NO (before it)'}, {t1 - ended.at:.2f} s after it;"
             f" column on {added(config, column)} of {SHARDS} shards")])
-    if commit_every is None:
+    if atomic:
         table([("note", "all or nothing across databases until the first lock wait: then db2, done, commits, and db1 goes on"
                          " in chunks of 50; db1's first try holds the shards it altered before the blocked one")])
     target = (LOCK_TIMEOUT + 0.05) * 1000
@@ -154,6 +154,7 @@ def run() -> None:
         row("app max, no apply running", quiet[-1] * 1000, "ms")
         live_apply(config, where, blocked, "note", None)
         live_apply(config, where, blocked, "note2", 50)
+        live_apply(config, where, blocked, "note3", None, atomic=True)
 
         conn, ended = blocker(config, blocked)  # what the issue measured: a plain ALTER queues the application
         with App(config, where) as app, psycopg.connect(config.databases["db1"], autocommit=True) as ddl:
