@@ -303,10 +303,9 @@ def test_shards_being_moved_are_left_out(sharded: Config, config_file: Path, sch
 def test_databases_option_and_json(sharded: Config, config_file: Path, schema_file: Path) -> None:
     res = cli(config_file, "apply-ddl", str(schema_file), "--databases", "db2", "--json")
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output) == [
-        {"database": "db2", "ok": True, "changed": True, "summary": "applied schema.sql (#1) to 2 shards (2-3)", "applied": 2, "caught_up": 0,
-         "transactions": 1}
-    ]
+    (out,) = json.loads(res.output)
+    assert 1 <= out.pop("transactions") <= 2  # transactions commit after 50 ms of holding their locks: on a slow machine, 2
+    assert out == {"database": "db2", "ok": True, "changed": True, "summary": "applied schema.sql (#1) to 2 shards (2-3)", "applied": 2, "caught_up": 0}
     assert tables(sharded, "db1", 0) == [] and tables(sharded, "db2", 2) == ["likes", "photos"]
     res = cli(config_file, "status", "--drift")
     assert [line for line in res.output.splitlines() if line.startswith("DRIFT")] == [  # db2's 2 shards are not the odd ones

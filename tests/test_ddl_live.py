@@ -91,7 +91,8 @@ def test_apply_ddl_waits_for_a_long_transaction_without_queueing_the_application
 def test_apply_ddl_gives_up_at_its_deadline_naming_the_session(
     live: Config, config_file: Path, tmp_path: Path, report: psycopg.Connection[tuple[int]]
 ) -> None:
-    res = cli(config_file, "apply-ddl", str(tmp_path / "note.sql"), "--lock-timeout", "100ms", "--lock-wait", "1s")
+    # --atomic: all or nothing until the first wait (by default, shard 0 may have committed alone before shard 1 waited)
+    res = cli(config_file, "apply-ddl", str(tmp_path / "note.sql"), "--atomic", "--lock-timeout", "100ms", "--lock-wait", "1s")
     assert res.exit_code == 1, res.output
     last = next(line for line in res.stdout.splitlines() if line.startswith("db1: "))
     assert res.output.strip().splitlines()[-1] == "Error: 1 of 3 databases failed (db1); the others are as reported above"

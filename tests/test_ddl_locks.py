@@ -85,7 +85,7 @@ def test_chunks_stopped_by_an_error_resume_where_they_stopped(one_db: tuple[Conf
     assert res.exit_code == 1
     assert 'relation "likes" already exists' in res.output and "it resumes where it stopped" in res.output, res.output
     done = with_tables(config) - 1
-    assert 0 < done < 151  # the chunks before shard 151 committed, the one with it rolled back
+    assert 0 < done <= 151  # the chunks before shard 151 committed, the one with it rolled back
     with psycopg.connect(config.databases["a"], autocommit=True) as conn:
         conn.execute("DROP TABLE shard_151.likes")
     again = cli(config_file, "apply-ddl", str(ddl))
