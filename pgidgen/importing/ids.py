@@ -77,12 +77,12 @@ def id_columns(source: psycopg.Connection[Any], *, schema: str, key: str, tables
 
 def id_bound(config: Config, databases: Sequence[str]) -> int:
     """The smallest ID next_id() may return from now on, on any shard of these databases: min_id of the slowest
-    server's clock."""
+    server's clock, read as next_id() reads it."""
     clocks = []
     for name in databases:
         with connect(name, config.dsn(name), autocommit=True) as conn:
             try:
-                row = conn.execute("SELECT (pg_catalog.extract(epoch FROM pg_catalog.clock_timestamp()) * 1000)::bigint").fetchone()
+                row = conn.execute("SELECT pg_catalog.floor(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::pg_catalog.int8").fetchone()
             except psycopg.Error as e:
                 raise DatabaseError(f"database {name} failed while reading its clock: {pg_message(e)}") from None
             assert row is not None
