@@ -18,10 +18,13 @@ from pgidgen.errors import PgidgenError
 from pgidgen.importing import plan_import, rollback_import, start_import
 from pgidgen.routing import Router
 
-#: an identity column besides SOURCE's bigserial photos.id
+#: an identity column besides SOURCE's bigserial photos.id; a json column (no hash function: checksummed by the rows'
+#: text). An enum column is not importable yet: each shard has its own copy of the type, and the staging table's
+#: partitions must share their parent's.
 COMMENTS = """
 CREATE TABLE comments (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, user_id bigint NOT NULL, body text);
 INSERT INTO comments (user_id, body) SELECT g % 30, 'b' || g FROM generate_series(1, 60) g;
+ALTER TABLE logs ADD COLUMN extra json DEFAULT '{"a": [1, 2]}';
 """
 
 
@@ -95,7 +98,13 @@ def test_an_old_id_is_not_a_pgidgen_id(two: Config, tmp_path: Path) -> None:
     assert r.exit_code == 0 and r.stdout.startswith(f"id {row[0]}: shard 3 on db1"), r.output
 
 
-def test_a_row_changed_on_a_shard_fails_the_checksum(source: str, two: Config) -> None:
+@pytest.mark.parametrize("column", ["", "ALTER TABLE users ADD COLUMN extra jsonb DEFAULT '{}', ADD COLUMN at point DEFAULT '(1,2)'"])
+def test_a_row_changed_on_a_shard_fails_the_checksum(source: str, two: Config, column: str) -> None:
+    """Hashed by column, and by the rows' text (point has no hash function)."""
+    if column:
+        with psycopg.connect(source, autocommit=True) as c:
+            c.execute(column)
+
     def tamper(where: str) -> None:
         if where == "after:frozen":  # counts still agree: only the checksum can tell
             with psycopg.connect(two.databases["db2"], autocommit=True) as c:
