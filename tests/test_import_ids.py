@@ -3,6 +3,7 @@ make again is refused before anything is written; an old ID is not decoded as a 
 checksum catches a row changed on a shard."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -44,8 +45,12 @@ def test_ids_next_id_new_rows_from_next_id_old_rows_kept(source: str, two: Confi
     assert 'ALTER TABLE "public"."comments" ALTER COLUMN "id" DROP IDENTITY;' in dry.output
     assert 'ALTER TABLE "public"."photos" ALTER COLUMN "id" SET DEFAULT next_id();' in dry.output
 
-    done = start_import(two, source, schema="public", key="user_id", skip=["countries"], ids="next_id")
-    assert done.step == "done" and done.verified == {"comments": 60, "logs": 100, "photos": 300, "users": 126}
+    run = CliRunner().invoke(main, ["--config", _config_file(two, tmp_path), "import", source, "--key", "user_id", "--skip", "countries",
+                                    "--ids", "next_id", "--json"])
+    assert run.exit_code == 0, run.output
+    done = json.loads(run.stdout)
+    assert done["step"] == "done" and done["verified_rows"] == {"comments": 60, "logs": 100, "photos": 300, "users": 126}
+    assert done["id_columns"] == {"comments": "id", "photos": "id"} and done["id_bound"] >= plan.id_bound
     assert sorted(r for _, r in _rows(two, "photos", "id, user_id")) == old
     assert sorted(r for _, r in _rows(two, "comments", "id, user_id")) == old_comments
     with Router(two, listen=False) as router:

@@ -69,8 +69,10 @@ def import_cmd(ctx: click.Context, source: str, schema: str, key: str | None, sk
         click.echo(json.dumps(result.as_dict(), indent=2))
     elif result.step == "done":
         rows = sum(result.verified.values())
-        click.echo(f"imported {len(result.plan.tables)} tables of {result.plan.schema} ({rows} rows, verified per shard) into"
-                   f" {result.plan.shard_count} shards on {', '.join(result.plan.targets)}")
+        click.echo(f"imported {len(result.plan.tables)} tables of {result.plan.schema} ({rows} rows, counts and checksums verified per shard)"
+                   f" into {result.plan.shard_count} shards on {', '.join(result.plan.targets)}")
+        if result.plan.id_columns:
+            click.echo("new IDs from each shard's next_id(): " + ", ".join(f"{t}.{c}" for t, c in result.plan.id_columns.items()))
         if result.pause_s is not None:
             click.echo(f"write pause: {result.pause_s * 1000:.0f} ms; writes to the source's tables now fail: write through the Router")
     else:

@@ -48,7 +48,8 @@ class ImportResult:
     def as_dict(self) -> dict[str, Any]:
         return {"schema": self.plan.schema, "key": self.plan.key, "step": self.step, "pause_s": self.pause_s,
                 "tables": [t.name for t in self.plan.tables], "skipped": self.plan.skipped,
-                "targets": {n: len(s) for n, s in self.plan.targets.items()}, "verified_rows": self.verified, "lag_bytes": self.lag_bytes}
+                "targets": {n: len(s) for n, s in self.plan.targets.items()}, "verified_rows": self.verified, "lag_bytes": self.lag_bytes,
+                "id_columns": self.plan.id_columns, "id_bound": self.plan.id_bound}
 
 
 def _source(dsn: str) -> psycopg.Connection[Any]:
