@@ -1,4 +1,8 @@
-"""Decoding IDs in bulk (the CLI's `decode`): fast enough for millions of IDs from stdin."""
+"""Decoding IDs in bulk (the CLI's `decode`): fast enough for millions of IDs from stdin.
+
+A number whose time field is 0 is refused, not decoded: next_id() never makes one, and it is most often an ID kept
+from before `pgidgen import` (decoded, it would claim to be made in the epoch's first millisecond).
+"""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -16,6 +20,13 @@ def parse_ids(layout: Layout, texts: Iterable[str]) -> list[int]:
     """IDs given as arguments, all checked against the layout before any is decoded (so a bad one prints nothing);
     a malformed one is told the layout's range of IDs."""
     return [parse_id(text, layout) for text in texts]
+
+
+def check_generated(layout: Layout, ids: Iterable[int]) -> None:
+    """Refuses the first number no next_id() made (time field 0: an ID kept from before an import, most often)."""
+    for value in ids:
+        if not layout.generated(value):
+            raise layout.not_generated(value)
 
 
 def decode_lines(layout: Layout, lines: Iterable[str], *, as_json: bool) -> Iterator[str]:
@@ -40,6 +51,8 @@ def decode_lines(layout: Layout, lines: Iterable[str], *, as_json: bool) -> Iter
                 raise InputError(f"line {lineno}: {e.what}", hint=e.hint) from None
         if value >> width:
             raise layout.not_an_id(f"line {lineno}: {value}")
+        if not value >> ts_shift:
+            raise layout.not_generated(f"line {lineno}: {value}")
         ms = epoch + ((value >> ts_shift) & tmask)
         sec, milli = divmod(ms, 1000)
         if sec != cache_sec:

@@ -144,6 +144,17 @@ class Layout:
                  " decode also takes --epoch, --time-bits, --shard-bits, --sequence-bits, --instagram)",
         )
 
+    def not_generated(self, what: object) -> InputError:
+        """An ID whose time field is 0: next_id() never makes one (init refuses an epoch that has not passed), so it
+        is a number from elsewhere, most often an ID kept from before `pgidgen import`."""
+        return InputError(f"{what} is not a pgidgen ID (its time field is 0: no next_id() made it)",
+                          hint="an ID from before an import is kept as it was: find its row by its key, pgidgen locate KEY")
+
+    def generated(self, value: int) -> bool:
+        """False for a number below the first ID of the epoch's second millisecond (time field 0), which
+        next_id() never returns."""
+        return value < 0 or value >> self.time_shift != 0
+
     def decode(self, value: int) -> tuple[int, int, int]:
         """(Unix time in ms, shard, sequence) of an ID read as unsigned 64-bit (a negative one is the signed
         reading of a 64-bit layout's ID)."""

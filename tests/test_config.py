@@ -41,7 +41,7 @@ def test_commands_that_do_not_connect_need_no_secrets(tmp_path: Path, monkeypatc
     path = tmp_path / "pgidgen.toml"
     path.write_text('[databases]\ndb1 = "postgresql://app@127.0.0.1:1/app"\ndb2 = "${NOPE_DSN}"\n')
     runner = CliRunner()
-    for args in (["decode", "1"], ["decode", "--instagram", "1387263000588282244"], ["layout"], ["init", "--shards", "4", "--sql"]):
+    for args in (["decode", "8388609"], ["decode", "--instagram", "1387263000588282244"], ["layout"], ["init", "--shards", "4", "--sql"]):
         r = runner.invoke(main, ["--config", str(path), *args])
         assert r.exit_code == 0, (args, r.output)
     r = runner.invoke(main, ["--config", str(path), "map"])

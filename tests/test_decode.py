@@ -39,12 +39,12 @@ def test_decode_text_and_json() -> None:
 
 def test_decode_stdin() -> None:
     L = Layout.make()
-    ids = [L.encode(1767225600000 + i, i % 50, i % 1024) for i in range(0, 5000, 7)]
+    ids = [L.encode(1767225600000 + i, i % 50, i % 1024) for i in range(7, 5000, 7)]  # from the epoch's 8th ms: time field 0 is no ID
     r = decode_cli("--json", input="\n".join(map(str, ids)) + "\n\n")
     assert r.exit_code == 0
     got = [json.loads(line) for line in r.stdout.splitlines()]
     assert [g["id"] for g in got] == ids
-    assert all(g["shard"] == i % 50 for g, i in zip(got, range(0, 5000, 7), strict=True))
+    assert all(g["shard"] == i % 50 for g, i in zip(got, range(7, 5000, 7), strict=True))
 
 
 @pytest.mark.parametrize(
@@ -62,12 +62,12 @@ def test_decode_bad_ids(arg: str, message: str) -> None:
 
 
 def test_decode_bad_stdin_line() -> None:
-    r = decode_cli(input="1\nxyz\n")
-    assert r.stdout.startswith("1\t2026-01-01T00:00:00.000Z\tshard 0\tsequence 1")
+    r = decode_cli(input="8388609\nxyz\n")  # the epoch's second millisecond, shard 0, sequence 1
+    assert r.stdout.startswith("8388609\t2026-01-01T00:00:00.001Z\tshard 0\tsequence 1")
     assert r.exit_code == 1
     assert r.stderr == "Error: line 2: 'xyz' is not an ID: give a whole number from 0 to 9223372036854775807\n"
     for digits in ("\u00b2", "\u0663"):  # superscript two, Arabic-Indic three: digits to str.isdigit, not IDs
-        r = decode_cli(input=f"1\n{digits}\n")
+        r = decode_cli(input=f"8388609\n{digits}\n")
         assert (r.exit_code, r.stderr) == (1, f"Error: line 2: {digits!r} is not an ID: give a whole number from 0 to 9223372036854775807\n")
 
 
@@ -83,7 +83,7 @@ def test_instagram_ids_decode_unsigned() -> None:
 
 
 def test_decode_layout_options_validated() -> None:
-    r = decode_cli("--shard-bits", "40", "--sequence-bits", "30", "1")
+    r = decode_cli("--shard-bits", "40", "--sequence-bits", "30", "8388609")
     assert r.exit_code == 1
     assert r.stderr.startswith("Error: time_bits must be at least 1")
 
@@ -114,7 +114,10 @@ def test_python_sql_cli_agree(data: st.DataObject, fresh_dsns: dict[str, str]) -
     assert (sms, sshard, sseq) == L.decode(value) == (ms, shard, seq)
     assert lo == L.min_id(ms) and hi == L.max_id(ms) and lo <= value <= hi
     r = CliRunner().invoke(main, ["decode", "--json", "--epoch", str(L.epoch_ms), "--shard-bits", "10", "--sequence-bits", "8", str(value)])
-    assert json.loads(r.stdout) == {"id": value, "timestamp": iso_ms(ms), "shard": shard, "sequence": seq}
+    if ms == L.epoch_ms:  # time field 0: no next_id() made it, the CLI says so
+        assert r.exit_code == 1 and "is not a pgidgen ID" in r.stderr
+    else:
+        assert json.loads(r.stdout) == {"id": value, "timestamp": iso_ms(ms), "shard": shard, "sequence": seq}
     assert ts.isoformat(timespec="milliseconds").replace("+00:00", "Z") == iso_ms(ms)
 
 
@@ -190,7 +193,7 @@ def test_decode_huge_and_negative_numbers_are_one_line_errors() -> None:
         assert f"11111111111111111111...(4301 digits) is larger than 2^64-1: {hint}" in r.stderr, r.stderr
     r = decode_cli("-1")
     assert (r.exit_code, r.stderr) == (1, "Error: '-1' is not an ID: give a whole number from 0 to 9223372036854775807\n")
-    r = decode_cli("000000000000000000000000000042")  # leading zeros are still the number
+    r = decode_cli("000000000000000000000008388650")  # leading zeros are still the number
     assert r.exit_code == 0 and "shard 0\tsequence 42" in r.stdout
 
 
@@ -202,13 +205,24 @@ def test_ids_wider_than_the_layout_are_refused() -> None:
     for value in (1 << 63, (1 << 64) - 1):
         r = decode_cli("1", str(value))
         assert (r.exit_code, r.stdout, r.stderr) == (1, "", wide.format(value))
-        r = decode_cli(input=f"1\n{value}\n")
-        assert r.exit_code == 1 and r.stdout.startswith("1\t") and r.stderr == wide.format(f"line 2: {value}"), r.stderr
+        r = decode_cli(input=f"8388609\n{value}\n")
+        assert r.exit_code == 1 and r.stdout.startswith("8388609\t") and r.stderr == wide.format(f"line 2: {value}"), r.stderr
         assert decode_cli("--instagram", str(value)).exit_code == 0
     r = decode_cli("--shard-bits", "8", "--sequence-bits", "8", "--time-bits", "40", str(1 << 56))  # a 56-bit layout
     assert r.exit_code == 1 and "does not fit in this layout's 56 bits (40 time + 8 shard + 8 sequence)" in r.stderr, r.stderr
     r = decode_cli(str((1 << 63) - 1))  # the last ID of the layout
     assert r.exit_code == 0 and "shard 8191\tsequence 1023" in r.stdout
+
+
+def test_a_number_no_next_id_made_is_not_decoded() -> None:
+    """An ID kept from before `pgidgen import` (a serial's 300) decoded as made in the epoch's first millisecond:
+    a number whose time field is 0 is refused, in arguments before anything is printed, on stdin at its line."""
+    said = "Error: {} is not a pgidgen ID (its time field is 0: no next_id() made it): an ID from before an import is kept as it was: find its row by its key, pgidgen locate KEY\n"
+    r = decode_cli("8388609", "300")
+    assert (r.exit_code, r.stdout, r.stderr) == (1, "", said.format(300))
+    r = decode_cli(input="8388609\n8388607\n")  # the last number of the epoch's first millisecond
+    assert r.exit_code == 1 and r.stdout.startswith("8388609\t") and r.stderr == said.format("line 2: 8388607")
+    assert decode_cli("8388608").exit_code == 0  # the epoch's second millisecond, shard 0, sequence 0
 
 
 def test_a_malformed_id_is_told_the_layouts_range() -> None:
@@ -236,11 +250,11 @@ def test_a_malformed_id_is_told_the_layouts_range() -> None:
         parse_ids(instagram, ["x"])
     with pytest.raises(InputError, match=r"^99999999999999999999999 is larger than 2\^64-1: an ID of this layout is at most 9223372036854775807$"):
         parse_ids(L, ["99999999999999999999999"])
-    r = decode_cli(input="1\nabc\n")  # stdin: the config's layout (here the default) is known
+    r = decode_cli(input="8388609\nabc\n")  # stdin: the config's layout (here the default) is known
     assert r.stderr == "Error: line 2: 'abc' is not an ID: give a whole number from 0 to 9223372036854775807\n"
 
 
-@pytest.mark.parametrize("args", [["decode", "123"], ["--help"], ["layout"]])
+@pytest.mark.parametrize("args", [["decode", "8388609"], ["--help"], ["layout"]])
 def test_output_to_a_full_disk_is_a_one_line_error(args: list[str]) -> None:
     """`pgidgen decode 123 > /dev/full` (a full disk) printed a traceback (found by a review): one line, exit 1."""
     import subprocess

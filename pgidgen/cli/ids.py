@@ -99,7 +99,7 @@ def decode_cmd(
     instagram: bool,
 ) -> None:
     """Decode IDs (arguments, or one per line on stdin) into time, shard and sequence."""
-    from ..decode import decode_lines, parse_ids
+    from ..decode import check_generated, decode_lines, parse_ids
 
     layout = get_config(ctx, required=False).layout
     if instagram:
@@ -116,7 +116,7 @@ def decode_cmd(
             time_bits=time_bits,
             for_generation=False,
         )
-    parse_ids(layout, ids)  # arguments are checked up front, so a bad one prints nothing
+    check_generated(layout, parse_ids(layout, ids))  # arguments are checked up front, so a bad one prints nothing
     source = ids if ids else _stdin_lines()
     batch: list[str] = []
     try:
@@ -150,7 +150,7 @@ def locate_cmd(ctx: click.Context, key_args: tuple[str, ...], keys: tuple[int, .
     if not (keys or ids or shards):
         raise click.UsageError("give at least one --key, --id or --shard")
     config = get_config(ctx)
-    found = locate(config, keys=keys, ids=[parse_id(i, config.layout) for i in ids], shards=shards)
+    found = locate(config, keys=keys, ids=[_generated(config.layout, parse_id(i, config.layout)) for i in ids], shards=shards)
     for item in found:
         if as_json:
             click.echo(json.dumps(item))
@@ -159,3 +159,9 @@ def locate_cmd(ctx: click.Context, key_args: tuple[str, ...], keys: tuple[int, .
             click.echo(f"{what}: shard {item['shard']} on {item['database']} (schema {item['schema']}, {item['state']})")
 
 
+
+
+def _generated(layout: Layout, value: int) -> int:
+    if not layout.generated(value):
+        raise layout.not_generated(value)
+    return value

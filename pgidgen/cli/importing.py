@@ -6,6 +6,7 @@ import json
 import click
 
 from ..errors import ConfigError
+from ..layout import iso_ms
 from .common import get_config, interactive
 
 
@@ -14,6 +15,7 @@ from .common import get_config, interactive
 @click.option("--schema", default="public", show_default=True, help="The source schema whose tables are imported.")
 @click.option("--key", metavar="COLUMN", help="The shard key column every imported table has (shard = key % shard count).")
 @click.option("--skip", metavar="TABLES", help="Comma-separated tables of the schema to leave alone (not imported).")
+@click.option("--ids", type=click.Choice(["next_id"]), help="New rows' IDs: 'next_id' makes each table's bigint primary key default to its shard's next_id() (existing IDs are kept, proved never to collide).")
 @click.option("--follow", is_flag=True, help="Copy, then keep carrying the source's changes over until 'pgidgen import --cutover'.")
 @click.option("--cutover", is_flag=True, help="Go on with an import started with --follow: stop the source's writes, verify, finish.")
 @click.option("--resume", is_flag=True, help="Go on with an interrupted import from its last journaled step.")
@@ -21,14 +23,16 @@ from .common import get_config, interactive
 @click.option("--dry-run", is_flag=True, help="Check and print the plan and the SQL per database; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
 @click.pass_context
-def import_cmd(ctx: click.Context, source: str, schema: str, key: str | None, skip: str | None, follow: bool, cutover: bool,
-               resume: bool, rollback: bool, dry_run: bool, as_json: bool) -> None:
+def import_cmd(ctx: click.Context, source: str, schema: str, key: str | None, skip: str | None, ids: str | None, follow: bool,
+               cutover: bool, resume: bool, rollback: bool, dry_run: bool, as_json: bool) -> None:
     """Import an unsharded database's tables into the shards, online: copied, kept in step, verified, cut over."""
     from ..importing import plan_import, resume_import, rollback_import, sqltext, start_import
 
     config = get_config(ctx)
     if sum((cutover, resume, rollback, dry_run)) > 1:
         raise ConfigError("--cutover, --resume, --rollback and --dry-run go one at a time", hint="give one of them")
+    if ids and (cutover or resume or rollback):
+        raise ConfigError("--ids is given when an import starts", hint="the import under way goes on with the --ids it was started with: leave --ids out")
     say = (lambda line: click.echo(line, err=True)) if interactive(as_json) else (lambda _line: None)
     if rollback:
         plan = rollback_import(config, source, schema=schema, say=say)
@@ -42,12 +46,16 @@ def import_cmd(ctx: click.Context, source: str, schema: str, key: str | None, sk
             raise ConfigError("pgidgen import needs --key COLUMN", hint="name the column every table is sharded by, e.g. --key user_id")
         skipped = [s.strip() for s in (skip or "").split(",") if s.strip()]
         if dry_run:
-            plan = plan_import(config, source, schema=schema, key=key, skip=skipped, follow=follow)
+            plan = plan_import(config, source, schema=schema, key=key, skip=skipped, follow=follow, ids=ids)
             if as_json:
                 click.echo(json.dumps(plan.as_json(), indent=2))
                 return
             for t in plan.tables:
                 click.echo(f"-- {plan.schema}.{t.name}: about {t.rows} rows, {t.bytes} bytes; rows filtered by shard: {'yes' if t.filtered else 'no (catch-all)'}")
+            if plan.id_bound is not None:
+                click.echo(f"-- --ids next_id: every ID next_id() may return is >= {plan.id_bound} ({iso_ms(config.layout.decode(plan.id_bound)[0])});"
+                           " every kept ID is below it (checked again at the cutover)")
+                click.echo(f"-- ===== every shard, with the source's schema =====\n{sqltext.ids_sql(plan).strip()}")
             for name in plan.targets:
                 click.echo(f"-- ===== database {name} ({len(plan.targets[name])} shards) =====")
                 click.echo(sqltext.staging_sql(plan, name).rstrip("\n"))
@@ -56,13 +64,15 @@ def import_cmd(ctx: click.Context, source: str, schema: str, key: str | None, sk
                 click.echo(f"-- ===== database {name} =====")
                 click.echo(sqltext.subscription_sql(plan, name, source, show=True).rstrip("\n"))
             return
-        result = start_import(config, source, schema=schema, key=key, skip=skipped, follow=follow, say=say)
+        result = start_import(config, source, schema=schema, key=key, skip=skipped, follow=follow, ids=ids, say=say)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
     elif result.step == "done":
         rows = sum(result.verified.values())
-        click.echo(f"imported {len(result.plan.tables)} tables of {result.plan.schema} ({rows} rows, verified per shard) into"
-                   f" {result.plan.shard_count} shards on {', '.join(result.plan.targets)}")
+        click.echo(f"imported {len(result.plan.tables)} tables of {result.plan.schema} ({rows} rows, counts and checksums verified per shard)"
+                   f" into {result.plan.shard_count} shards on {', '.join(result.plan.targets)}")
+        if result.plan.id_columns:
+            click.echo("new IDs from each shard's next_id(): " + ", ".join(f"{t}.{c}" for t, c in result.plan.id_columns.items()))
         if result.pause_s is not None:
             click.echo(f"write pause: {result.pause_s * 1000:.0f} ms; writes to the source's tables now fail: write through the Router")
     else:

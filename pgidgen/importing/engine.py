@@ -28,7 +28,8 @@ from ..errors import ConflictError, DatabaseError, InputError
 from ..idgen import schema_name
 from ..lockwait import LockPolicy, with_lock_retries
 from . import sqltext
-from .source import WORK_SCHEMA, ImportPlan, inspect, shard_expr
+from .ids import prove
+from .source import WORK_SCHEMA, ImportPlan, inspect
 
 STEPS = ("started", "schema", "staging", "replicating", "copied", "frozen", "verified", "done")
 Say = Callable[[str], None]
@@ -47,7 +48,8 @@ class ImportResult:
     def as_dict(self) -> dict[str, Any]:
         return {"schema": self.plan.schema, "key": self.plan.key, "step": self.step, "pause_s": self.pause_s,
                 "tables": [t.name for t in self.plan.tables], "skipped": self.plan.skipped,
-                "targets": {n: len(s) for n, s in self.plan.targets.items()}, "verified_rows": self.verified, "lag_bytes": self.lag_bytes}
+                "targets": {n: len(s) for n, s in self.plan.targets.items()}, "verified_rows": self.verified, "lag_bytes": self.lag_bytes,
+                "id_columns": self.plan.id_columns, "id_bound": self.plan.id_bound}
 
 
 def _source(dsn: str) -> psycopg.Connection[Any]:
@@ -65,17 +67,18 @@ def _record(conn: psycopg.Connection[Any], plan: ImportPlan, step: str) -> None:
     conn.execute("UPDATE pgidgen_import.journal SET step = %s, updated_at = now() WHERE schema_name = %s", (step, plan.schema))
 
 
-def plan_import(config: Config, source_dsn: str, *, schema: str, key: str, skip: list[str], follow: bool = False) -> ImportPlan:
+def plan_import(config: Config, source_dsn: str, *, schema: str, key: str, skip: list[str], follow: bool = False,
+                ids: str | None = None) -> ImportPlan:
     """The checks and the plan, nothing written (--dry-run)."""
     with _source(source_dsn) as conn:
         if _journal(conn, schema) is not None:
             raise ConflictError(f"an import of schema {schema} is under way", where="the source", hint="go on with --resume (or --cutover), or undo it with --rollback")
-        return inspect(config, conn, schema=schema, key=key, skip=skip, follow=follow)
+        return inspect(config, conn, schema=schema, key=key, skip=skip, follow=follow, ids=ids)
 
 
-def start_import(config: Config, source_dsn: str, *, schema: str, key: str, skip: list[str], follow: bool = False,
+def start_import(config: Config, source_dsn: str, *, schema: str, key: str, skip: list[str], follow: bool = False, ids: str | None = None,
                  say: Say = lambda _: None, lock_policy: LockPolicy | None = None, hook: Hook | None = None) -> ImportResult:
-    plan = plan_import(config, source_dsn, schema=schema, key=key, skip=skip, follow=follow)
+    plan = plan_import(config, source_dsn, schema=schema, key=key, skip=skip, follow=follow, ids=ids)
     with _source(source_dsn) as conn:
         with conn.transaction():
             execute_script(conn, sqltext.journal_sql())
@@ -137,7 +140,7 @@ def _schema(config: Config, dsn: str, plan: ImportPlan, say: Say) -> None:
         raise DatabaseError(f"pg_dump of the source's schema failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}",
                             where="the source")
     # pg_dump's \restrict lines carry a random key: without them a resumed import's dump is the recorded file again
-    text = re.sub(r"^\\(?:un)?restrict .*\n", "", done.stdout, flags=re.M)
+    text = re.sub(r"^\\(?:un)?restrict .*\n", "", done.stdout, flags=re.M) + sqltext.ids_sql(plan)
     parsed = parse_dump(text, f"import-{plan.schema}.sql", plan.schema)
     for line in parsed.summary:
         say(line)
@@ -243,24 +246,53 @@ def _freeze(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, resu
 
 
 def _verify(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult) -> None:
-    """Rows per shard, the source (its writes stopped) against each shard's table; the catch-all partitions hold
-    other databases' rows and are not counted."""
+    """Rows and their checksum per shard, the source (its writes stopped) against each shard's table; the catch-all
+    partitions hold other databases' rows and are not read. With --ids next_id, the proof again: rows that came
+    while the import followed the source are under the bound too."""
     problems: list[str] = []
+    if plan.id_bound is not None:
+        try:
+            prove(src, config.layout, schema=plan.schema, columns=plan.id_columns, bound=plan.id_bound)
+        except ConflictError as e:
+            raise ConflictError(e.what, where=e.where, hint="the source's writes are stopped: pgidgen import --rollback lets them go on, nothing lost") from None
     for t in plan.tables:
-        q = sql.SQL("SELECT {} AS shard, count(*) FROM {} GROUP BY 1").format(shard_expr(plan.key, plan.shard_count), sql.Identifier(plan.schema, t.name))
-        want = {int(r[0]): int(r[1]) for r in src.execute(q)}
-        result.verified[t.name] = sum(want.values())
+        by_text = not _builtin_types(src, plan, t.name)
+        try:
+            rows = _settled(src, sqltext.checksum_sql(plan, t.name, by_text=by_text))
+        except psycopg.errors.UndefinedFunction:  # a column type without a hash function: the rows' text instead
+            by_text = True
+            rows = _settled(src, sqltext.checksum_sql(plan, t.name, by_text=True))
+        want = {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
+        result.verified[t.name] = sum(n for n, _ in want.values())
         for name in plan.targets:
             with connect(name, config.dsn(name), autocommit=True) as conn:
-                parts = sql.SQL(" UNION ALL ").join(
-                    sql.SQL("SELECT {}::int, count(*) FROM {}").format(sql.Literal(s), sql.Identifier(schema_name(s), t.name)) for s in plan.targets[name])
-                have = {int(r[0]): int(r[1]) for r in conn.execute(parts)}
+                have = {int(r[0]): (int(r[1]), int(r[2])) for r in _settled(conn, sqltext.shard_checksums_sql(plan, t.name, name, by_text=by_text))}
             for s in plan.targets[name]:
-                if have.get(s, 0) != want.get(s, 0):
-                    problems.append(f"{schema_name(s)}.{t.name} on {name}: {have.get(s, 0)} rows, the source {want.get(s, 0)}")
+                (n, sum_have), (m, sum_want) = have.get(s, (0, 0)), want.get(s, (0, 0))
+                if n != m:
+                    problems.append(f"{schema_name(s)}.{t.name} on {name}: {n} rows, the source {m}")
+                elif sum_have != sum_want:
+                    problems.append(f"{schema_name(s)}.{t.name} on {name}: its {n} rows differ from the source's (checksum)")
     if problems:
         detail = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
         raise DatabaseError(f"verification failed: {detail}", hint="the source's writes are stopped: pgidgen import --rollback lets them go on, nothing lost")
+
+
+def _builtin_types(src: psycopg.Connection[Any], plan: ImportPlan, table: str) -> bool:
+    """Whether every column's type is built in: a type the dump makes anew (an enum's hash is its label's OID,
+    which differs on each server; a composite or domain over one) is checksummed by its rows' text instead."""
+    row = src.execute("SELECT pg_catalog.bool_and(a.atttypid < 16384) FROM pg_catalog.pg_attribute a"
+                      " WHERE a.attrelid = %s::pg_catalog.regclass AND a.attnum > 0 AND NOT a.attisdropped",
+                      (sql.Identifier(plan.schema, table).as_string(src),)).fetchone()
+    return bool(row and row[0])
+
+
+def _settled(conn: psycopg.Connection[Any], query: str) -> list[tuple[Any, ...]]:
+    """A checksum query under the settings that fix rows' text form (time zone, date and float styles), which
+    source and targets may set differently."""
+    with conn.transaction():
+        execute_script(conn, sqltext.TEXT_FORM_SQL)
+        return conn.execute(query.encode()).fetchall()
 
 
 def _teardown(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, at: Hook) -> None:

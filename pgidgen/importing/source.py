@@ -5,7 +5,8 @@ the shards must continue from; the shard map (which database serves which shards
 line: a source below PostgreSQL 15 or not at wal_level=logical, a role that may not publish or make slots, a table
 without the key column (name it in --skip), a key column that is not an integer or holds NULLs, a table with no
 primary key or replica identity, a table that is partitioned, a target database that already has a table of that
-name in that schema, or shards that hold rows of those tables already.
+name in that schema, or shards that hold rows of those tables already; with --ids next_id, an ID column narrower than
+bigint and an existing ID that next_id() could make again (ids.py).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ..db import connect, pg_message
 from ..errors import ConfigError, ConflictError, DatabaseError, InputError
 from ..idgen import schema_name
 from ..shardmap import read_map
+from .ids import ID_SOURCES, id_bound, id_columns, prove
 
 INTEGER_TYPES = ("smallint", "integer", "bigint")
 #: the schema pgidgen keeps its journal, heartbeat and write-refusing function in (on the source), and the
@@ -54,6 +56,14 @@ class ImportPlan:
     #: target databases that lack the schema, which the staging step makes and the teardown drops
     make_schema: list[str] = field(default_factory=list)
     follow: bool = False
+    #: --ids: "next_id" makes id_columns' defaults next_id() in every shard; None keeps the source's defaults
+    ids: str | None = None
+    #: table -> its bigint primary key column taking next_id() (with --ids next_id)
+    id_columns: dict[str, str] = field(default_factory=dict)
+    #: tables among id_columns whose column is an identity column on the source (DROP IDENTITY first)
+    identity: list[str] = field(default_factory=list)
+    #: every ID next_id() may return is >= this (the proof, made before anything is written and again at the cutover)
+    id_bound: int | None = None
 
     def slot(self, database: str) -> str:
         """The slot, publication and subscription name for one target: prefixed, findable, unique per source."""
@@ -90,7 +100,8 @@ ORDER BY c.relname
 """
 
 
-def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key: str, skip: Sequence[str], follow: bool) -> ImportPlan:
+def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key: str, skip: Sequence[str], follow: bool,
+            ids: str | None = None) -> ImportPlan:
     """The plan, or the first refusal: reads the source and the shard map; writes nothing anywhere."""
     _check_server(source)
     rows = source.execute(_TABLES_SQL, {"schema": schema, "key": key}).fetchall()
@@ -133,9 +144,22 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
     if not m.ok or m.shard_count is None:
         raise ConfigError("the shard map is not whole: " + "; ".join(m.problems + list(m.unreachable.values())), hint="run pgidgen status, fix it, then import")
     targets = {n: sorted(s) for n, s in sorted(m.databases.items()) if s}
-    plan = ImportPlan(schema, key, m.shard_count, int(oid[0]), tables, targets, sorted(skip), sequences, follow=follow)
+    plan = ImportPlan(schema, key, m.shard_count, int(oid[0]), tables, targets, sorted(skip), sequences, follow=follow, ids=ids)
+    if ids is not None:
+        _plan_ids(config, source, plan)
     plan.make_schema = [n for n in targets if _check_target(config, n, plan)]
     return plan
+
+
+def _plan_ids(config: Config, source: psycopg.Connection[Any], plan: ImportPlan) -> None:
+    """--ids next_id: the ID columns, then the collision proof (refused here, before anything is written)."""
+    if plan.ids not in ID_SOURCES:
+        raise InputError(f"--ids {plan.ids} is not known", hint=f"give --ids {' or '.join(ID_SOURCES)}, or leave it out to keep the source's defaults")
+    found = id_columns(source, schema=plan.schema, key=plan.key, tables=[t.name for t in plan.tables])
+    plan.id_columns, plan.identity = found.columns, found.identity
+    plan.sequences = [s for s in plan.sequences if s not in found.identity_sequences]
+    plan.id_bound = id_bound(config, list(plan.targets))
+    prove(source, config.layout, schema=plan.schema, columns=plan.id_columns, bound=plan.id_bound)
 
 
 def _check_server(source: psycopg.Connection[Any]) -> None:

@@ -157,3 +157,45 @@ def sequences_sql(plan: ImportPlan, database: str, values: dict[str, int]) -> st
         for s in plan.targets[database]:
             out.append(f"SELECT pg_catalog.setval({_s(sql.Literal(_q(schema_name(s), seq)))}, {int(value)});")
     return "\n".join(out) + ("\n" if out else "")
+
+
+def ids_sql(plan: ImportPlan) -> str:
+    """--ids next_id, appended to the source's dump (so the ledger records it with the tables it changes): each ID
+    column's default becomes its shard's own next_id() (apply-ddl binds an unqualified next_id() to the shard it
+    runs in); an identity column loses its identity first, and its sequence with it."""
+    if not plan.id_columns:
+        return ""
+    out = ["", "-- pgidgen import --ids next_id"]
+    for table, column in plan.id_columns.items():
+        target = f"ALTER TABLE {_q(plan.schema, table)} ALTER COLUMN {_q(column)}"
+        if table in plan.identity:
+            out.append(f"{target} DROP IDENTITY;")
+        out.append(f"{target} SET DEFAULT next_id();")
+    return "\n".join(out) + "\n"
+
+
+#: the settings under which a row's text form is the same on every server (the text checksum hashes it)
+TEXT_FORM_SQL = ("SET LOCAL TimeZone = 'UTC';\nSET LOCAL DateStyle = 'ISO, MDY';\nSET LOCAL IntervalStyle = 'postgres';\n"
+                 "SET LOCAL extra_float_digits = 1;\nSET LOCAL bytea_output = 'hex';\n")
+
+
+def _checksum(alias: str, by_text: bool) -> str:
+    """Rows' count and an order-free checksum: the sum of a 64-bit hash of each row. hash_record_extended hashes
+    each column with its type's own hash function (those hash partitioning keeps stable across majors; dropped
+    columns are skipped), three times cheaper than hashing the row's text; a table with a column type that has no
+    hash function (json, point, ...) is hashed by its rows' text, in the same column order on both sides (the
+    shards' tables come from the source's dump)."""
+    row = f"pg_catalog.hashtextextended({alias}::text, 0)" if by_text else f"pg_catalog.hash_record_extended({alias}, 0)"
+    return f"pg_catalog.count(*), COALESCE(pg_catalog.sum({row}), 0)"
+
+
+def checksum_sql(plan: ImportPlan, table: str, *, by_text: bool = False) -> str:
+    """The source's side of the verify step: (shard, rows, checksum) per shard."""
+    expr = _s(shard_expr(plan.key, plan.shard_count))
+    return f"SELECT {expr} AS shard, {_checksum('pgidgen_row', by_text)} FROM {_q(plan.schema, table)} AS pgidgen_row GROUP BY 1;\n"
+
+
+def shard_checksums_sql(plan: ImportPlan, table: str, database: str, *, by_text: bool = False) -> str:
+    """A target's side: (shard, rows, checksum) for each of its shards' tables."""
+    return "\nUNION ALL ".join(f"SELECT {s}::int, {_checksum('pgidgen_row', by_text)} FROM {_q(schema_name(s), table)} AS pgidgen_row"
+                               for s in plan.targets[database]) + ";\n"
