@@ -27,7 +27,8 @@ from ..ddl.dumpfile import parse_dump
 from ..errors import ConflictError, DatabaseError, InputError
 from ..idgen import schema_name
 from ..lockwait import LockPolicy, with_lock_retries
-from . import sqltext
+from . import settle, sqltext
+from .keyof import KeyOf
 from .source import WORK_SCHEMA, ImportPlan, inspect, shard_expr
 
 STEPS = ("started", "schema", "staging", "replicating", "copied", "frozen", "verified", "done")
@@ -65,17 +66,19 @@ def _record(conn: psycopg.Connection[Any], plan: ImportPlan, step: str) -> None:
     conn.execute("UPDATE pgidgen_import.journal SET step = %s, updated_at = now() WHERE schema_name = %s", (step, plan.schema))
 
 
-def plan_import(config: Config, source_dsn: str, *, schema: str, key: str, skip: list[str], follow: bool = False) -> ImportPlan:
+def plan_import(config: Config, source_dsn: str, *, schema: str, key: str, skip: list[str], follow: bool = False,
+                key_of: dict[str, KeyOf] | None = None) -> ImportPlan:
     """The checks and the plan, nothing written (--dry-run)."""
     with _source(source_dsn) as conn:
         if _journal(conn, schema) is not None:
             raise ConflictError(f"an import of schema {schema} is under way", where="the source", hint="go on with --resume (or --cutover), or undo it with --rollback")
-        return inspect(config, conn, schema=schema, key=key, skip=skip, follow=follow)
+        return inspect(config, conn, schema=schema, key=key, skip=skip, follow=follow, key_of=key_of)
 
 
 def start_import(config: Config, source_dsn: str, *, schema: str, key: str, skip: list[str], follow: bool = False,
-                 say: Say = lambda _: None, lock_policy: LockPolicy | None = None, hook: Hook | None = None) -> ImportResult:
-    plan = plan_import(config, source_dsn, schema=schema, key=key, skip=skip, follow=follow)
+                 key_of: dict[str, KeyOf] | None = None, say: Say = lambda _: None, lock_policy: LockPolicy | None = None,
+                 hook: Hook | None = None) -> ImportResult:
+    plan = plan_import(config, source_dsn, schema=schema, key=key, skip=skip, follow=follow, key_of=key_of)
     with _source(source_dsn) as conn:
         with conn.transaction():
             execute_script(conn, sqltext.journal_sql())
@@ -158,7 +161,7 @@ def _staging(config: Config, plan: ImportPlan) -> None:
     def work(name: str, conn: psycopg.Connection[Any]) -> None:
         if conn.execute("SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (WORK_SCHEMA,)).fetchone() is None:
             with conn.transaction():
-                execute_script(conn, sqltext.staging_sql(plan, name))
+                execute_script(conn, sqltext.staging_sql(plan, name) + settle.staging_all_sql(plan, name))
     _each_target(config, plan, work, doing="making the staging tables")
 
 
@@ -205,6 +208,7 @@ def _wait_copied(config: Config, src: psycopg.Connection[Any], plan: ImportPlan,
                                         hint="fix it (a row that breaks a shard table's constraint, a full disk), then --resume; or --rollback")
                 pending += len(plan.tables) + 1 - int(row[0])
             if pending == 0:
+                settle.settle(config, plan, whole=True)  # key-of tables: every copied row to its parent's shard
                 result.lag_bytes = _lag(src, plan)
                 return
             if time.monotonic() - last > 5:
@@ -217,6 +221,7 @@ def _wait_copied(config: Config, src: psycopg.Connection[Any], plan: ImportPlan,
 
 
 def _freeze(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult, policy: LockPolicy | None) -> None:
+    settle.catch_up(config, plan)  # key-of tables: the rows changed while following, routed before the pause
     token = uuid.uuid4().hex
     where_to = f"{plan.shard_count} shards on {', '.join(plan.targets)}"
 
@@ -244,11 +249,18 @@ def _freeze(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, resu
 
 def _verify(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult) -> None:
     """Rows per shard, the source (its writes stopped) against each shard's table; the catch-all partitions hold
-    other databases' rows and are not counted."""
+    other databases' rows and are not counted. Key-of tables: settled a last time first (this runs again on
+    --resume), and counted on the source by their parent's shard."""
+    settle.settle(config, plan)  # the pause's: key-of rows the last changes touched
     problems: list[str] = []
     for t in plan.tables:
-        q = sql.SQL("SELECT {} AS shard, count(*) FROM {} GROUP BY 1").format(shard_expr(plan.key, plan.shard_count), sql.Identifier(plan.schema, t.name))
-        want = {int(r[0]): int(r[1]) for r in src.execute(q)}
+        q = settle.source_counts_sql(plan, t) if t.parent else sql.SQL("SELECT {} AS shard, count(*) FROM {} GROUP BY 1").format(
+            shard_expr(plan.key, plan.shard_count), sql.Identifier(plan.schema, t.name))
+        counted = src.execute(q).fetchall()
+        want = {int(r[0]): int(r[1]) for r in counted if r[0] is not None}
+        orphans = sum(int(r[1]) for r in counted if r[0] is None)
+        if orphans:
+            problems.append(f"{orphans} rows of {plan.schema}.{t.name} have no {t.parent} row: they have no shard")
         result.verified[t.name] = sum(want.values())
         for name in plan.targets:
             with connect(name, config.dsn(name), autocommit=True) as conn:

@@ -21,6 +21,7 @@ from ..db import connect, pg_message
 from ..errors import ConfigError, ConflictError, DatabaseError, InputError
 from ..idgen import schema_name
 from ..shardmap import read_map
+from .keyof import KeyOf, check_key_of
 
 INTEGER_TYPES = ("smallint", "integer", "bigint")
 #: the schema pgidgen keeps its journal, heartbeat and write-refusing function in (on the source), and the
@@ -35,6 +36,15 @@ class TablePlan:
     filtered: bool
     rows: int = 0
     bytes: int = 0
+    #: --key-of: the column that refers to the parent, the parent (a table with the key), its column; the table's
+    #: primary key (settle.py routes these rows by their parent's shard)
+    via: str | None = None
+    parent: str | None = None
+    parent_column: str | None = None
+    pk: list[str] = field(default_factory=list)
+
+    def route(self) -> str:
+        return f"key via {self.via} -> {self.parent}.{self.parent_column}" if self.parent else "key column"
 
 
 @dataclass
@@ -90,8 +100,10 @@ ORDER BY c.relname
 """
 
 
-def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key: str, skip: Sequence[str], follow: bool) -> ImportPlan:
+def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key: str, skip: Sequence[str], follow: bool,
+            key_of: dict[str, KeyOf] | None = None) -> ImportPlan:
     """The plan, or the first refusal: reads the source and the shard map; writes nothing anywhere."""
+    routes = key_of or {}
     _check_server(source)
     rows = source.execute(_TABLES_SQL, {"schema": schema, "key": key}).fetchall()
     if not rows:
@@ -100,15 +112,16 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
     unknown = sorted(set(skip) - names)
     if unknown:
         raise InputError(f"--skip names {', '.join(unknown)}, not a table of schema {schema}", hint="give the tables' names as \\dt lists them")
+    pks = check_key_of(source, schema=schema, key=key, routes=routes, tables=sorted(names), skip=skip, has_key={r[0]: r[3] is not None for r in rows})
     tables: list[TablePlan] = []
     for name, kind, ident, typ, ident_cols, owns, est, size in rows:
         if name in skip:
             continue
         where = f"{schema}.{name}"
-        if typ is None:
+        if typ is None and name not in routes:
             raise InputError(f"table {where} has no column {key}", where="the source",
-                             hint=f"leave it out with --skip {name} (tables that reach the key through a foreign key are not imported yet)")
-        if typ not in INTEGER_TYPES:
+                             hint=f"route it through its parent with --key-of {name}=COLUMN:PARENT.PARENTCOL, or leave it out with --skip {name}")
+        if typ is not None and typ not in INTEGER_TYPES:
             raise InputError(f"{where}.{key} is {typ}, not an integer", where="the source", hint="pgidgen import routes integer keys (shard = key % shard count)")
         if kind == "p":
             raise InputError(f"table {where} is partitioned", where="the source", hint=f"import does not take partitioned tables yet: --skip {name}")
@@ -118,8 +131,14 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
         if not owns:
             raise DatabaseError(f"the source's role does not own {where}", where="the source",
                                 hint="a publication needs the tables' owner: connect as the role that owns them")
+        if name in routes:
+            k = routes[name]
+            tables.append(TablePlan(name, False, int(est), int(size), k.column, k.parent, k.parent_column, pks[name]))
+            continue
         tables.append(TablePlan(name, ident == "f" or key in (ident_cols or []), int(est), int(size)))
     for t in tables:
+        if t.parent:
+            continue
         q = sql.SQL("SELECT EXISTS (SELECT FROM {} WHERE {} IS NULL)").format(sql.Identifier(schema, t.name), sql.Identifier(key))
         row = source.execute(q).fetchone()
         if row and row[0]:

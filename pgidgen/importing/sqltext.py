@@ -58,6 +58,8 @@ def staging_sql(plan: ImportPlan, database: str) -> str:
     out += [f"CREATE SCHEMA {w};", f"CREATE TABLE {w}.heartbeat (token text PRIMARY KEY, at timestamptz NOT NULL DEFAULT now());"]
     expr = _s(shard_expr(plan.key, plan.shard_count))
     for t in plan.tables:
+        if t.parent:  # a key-of table's: settle.staging_sql
+            continue
         parent = _q(plan.schema, t.name)
         first = _q(schema_name(shards[0]), t.name)
         out.append(f"CREATE TABLE {parent} (LIKE {first}) PARTITION BY LIST ({expr});")
@@ -132,7 +134,7 @@ def unstage_sql(plan: ImportPlan, database: str, attached: list[str] | None = No
     out = []
     for t in plan.tables:
         parent = _q(plan.schema, t.name)
-        for s in plan.targets[database]:
+        for s in plan.targets[database] if not t.parent else []:
             part = _q(schema_name(s), t.name)
             if attached is None or part in attached:
                 out.append(f"ALTER TABLE {parent} DETACH PARTITION {part};")
