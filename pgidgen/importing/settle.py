@@ -20,8 +20,8 @@ import psycopg
 from psycopg import sql
 
 from ..config import Config
-from ..db import connect, pg_message
-from ..errors import DatabaseError
+from ..db import connect, each_database, pg_message
+from ..errors import DatabaseError, PgidgenError
 from ..idgen import schema_name
 from .source import WORK_SCHEMA, ImportPlan, TablePlan
 from .sqltext import shard_filter
@@ -86,9 +86,11 @@ DECLARE
     n bigint;
 BEGIN
     CREATE TEMP TABLE pgidgen_d AS SELECT {pk} FROM {table} WITH NO DATA;
-    WITH taken AS (DELETE FROM {dirty} RETURNING {pk}) INSERT INTO pg_temp.pgidgen_d SELECT {pk} FROM taken;
     IF whole THEN
+        DELETE FROM {dirty};
         INSERT INTO pg_temp.pgidgen_d SELECT {pk} FROM {table};
+    ELSE
+        WITH taken AS (DELETE FROM {dirty} RETURNING {pk}) INSERT INTO pg_temp.pgidgen_d SELECT {pk} FROM taken;
     END IF;
     ANALYZE pg_temp.pgidgen_d;
     FOR s IN SELECT DISTINCT a.shard FROM {at} a WHERE ({_cols(t, "a")}) IN (SELECT {pk} FROM pg_temp.pgidgen_d) LOOP
@@ -132,18 +134,22 @@ def source_counts_sql(plan: ImportPlan, t: TablePlan) -> sql.Composed:
 
 
 def settle(config: Config, plan: ImportPlan, *, whole: bool = False) -> dict[str, int]:
-    """Runs settle_sql on every target; rows routed per database."""
-    moved: dict[str, int] = {}
+    """Runs settle_sql on every target, the databases in parallel; rows routed per database."""
     if not keyed_tables(plan):
-        return moved
-    for name in plan.targets:
+        return {}
+
+    def work(name: str) -> int:
         with connect(name, config.dsn(name), autocommit=True) as conn:
             try:
-                moved[name] = _settle_one(conn, plan, whole)
+                return _settle_one(conn, plan, whole)
             except psycopg.Error as e:
                 raise DatabaseError(f"database {name} failed while routing rows of {', '.join(t.name for t in keyed_tables(plan))}: {pg_message(e)}",
                                     hint="fix what it says, then pgidgen import --resume (or --rollback)") from None
-    return moved
+    done = each_database(list(plan.targets), work)
+    for outcome in done.values():
+        if isinstance(outcome, PgidgenError):
+            raise outcome
+    return {n: int(v) for n, v in done.items() if not isinstance(v, PgidgenError)}
 
 
 def _settle_one(conn: psycopg.Connection[Any], plan: ImportPlan, whole: bool) -> int:
