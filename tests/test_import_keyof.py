@@ -128,3 +128,20 @@ def test_dry_run_says_the_route(keyed: str, two: Config, tmp_path: Path) -> None
     assert 'SELECT "pgidgen_import"."settle_likes"(false);' in result.output
     with psycopg.connect(keyed) as c:
         assert c.execute("SELECT to_regnamespace('pgidgen_import')").fetchone() == (None,)
+
+
+def test_stopped_after_the_copy_then_resumed(keyed: str, two: Config) -> None:  # noqa: F811
+    """The settle after the copy runs again on --resume (its journal line was not written): each row once still."""
+    def crash(where: str) -> None:
+        if where == "after:copied":
+            raise RuntimeError(where)
+    with pytest.raises(RuntimeError):
+        start_import(two, keyed, schema="public", key="user_id", skip=["countries"], key_of=ROUTE, hook=crash)
+    with psycopg.connect(keyed, autocommit=True) as c:
+        c.execute("UPDATE likes SET photo_id = 2 WHERE id <= 50")
+    done = resume_import(two, keyed, schema="public")
+    assert done.step == "done" and done.verified["likes"] == 400
+    with psycopg.connect(keyed) as c:
+        want = dict(c.execute("SELECT l.id, p.user_id FROM likes l JOIN photos p ON p.id = l.photo_id").fetchall())
+    assert _placed(two) == {like: user % SHARDS for like, user in want.items()}
+    assert leftovers({"source": keyed, **two.databases}) == []
