@@ -3,7 +3,7 @@
 What is read: the schema's tables, each one's key column, replica identity and size; the sequences whose values
 the shards must continue from; the shard map (which database serves which shards). What is refused, each with one
 line: a source below PostgreSQL 15 or not at wal_level=logical, a role that may not publish or make slots, a table
-without the key column (name it in --skip), a key column that is not an integer or holds NULLs, a table with no
+without the key column (route it with --key-of, keyof.py, or --skip it), a key column that is not an integer or holds NULLs, a table with no
 primary key or replica identity, a table that is partitioned, a target database that already has a table of that
 name in that schema, or shards that hold rows of those tables already.
 """
