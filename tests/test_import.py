@@ -145,7 +145,8 @@ def test_every_step_runs_again_on_resume(source: str, two: Config) -> None:
 
 
 @pytest.mark.parametrize("setup, message", [
-    ("", "table public.countries has no column user_id (the source): leave it out with --skip countries"),
+    ("", "table public.countries has no column user_id (the source): route it through its parent with --key-of countries=COLUMN:PARENT.PARENTCOL,"
+     " or leave it out with --skip countries"),
     ("INSERT INTO photos (user_id) VALUES (NULL)", "public.photos.user_id holds NULLs"),
     ("ALTER TABLE logs REPLICA IDENTITY DEFAULT", "table public.logs has no primary key or replica identity"),
     ("ALTER TABLE users ALTER COLUMN user_id TYPE text", "public.users.user_id is text, not an integer"),

@@ -14,6 +14,8 @@ from .common import get_config, interactive
 @click.argument("source", metavar="SOURCE_DSN")
 @click.option("--schema", default="public", show_default=True, help="The source schema whose tables are imported.")
 @click.option("--key", metavar="COLUMN", help="The shard key column every imported table has (shard = key % shard count).")
+@click.option("--key-of", "key_of", metavar="TABLE=COLUMN:PARENT.PARENTCOL", multiple=True,
+              help="A table without the key column, routed by its parent: its COLUMN equals PARENT.PARENTCOL (several: comma-separated).")
 @click.option("--skip", metavar="TABLES", help="Comma-separated tables of the schema to leave alone (not imported).")
 @click.option("--ids", type=click.Choice(["next_id"]), help="New rows' IDs: 'next_id' makes each table's bigint primary key default to its shard's next_id() (existing IDs are kept, proved never to collide).")
 @click.option("--follow", is_flag=True, help="Copy, then keep carrying the source's changes over until 'pgidgen import --cutover'.")
@@ -23,16 +25,20 @@ from .common import get_config, interactive
 @click.option("--dry-run", is_flag=True, help="Check and print the plan and the SQL per database; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
 @click.pass_context
-def import_cmd(ctx: click.Context, source: str, schema: str, key: str | None, skip: str | None, ids: str | None, follow: bool,
+def import_cmd(ctx: click.Context, source: str, schema: str, key: str | None, key_of: tuple[str, ...], skip: str | None, ids: str | None,
+               follow: bool,
                cutover: bool, resume: bool, rollback: bool, dry_run: bool, as_json: bool) -> None:
     """Import an unsharded database's tables into the shards, online: copied, kept in step, verified, cut over."""
-    from ..importing import plan_import, resume_import, rollback_import, sqltext, start_import
+    from ..importing import plan_import, resume_import, rollback_import, settle, sqltext, start_import
+    from ..importing.keyof import parse_key_of
 
     config = get_config(ctx)
     if sum((cutover, resume, rollback, dry_run)) > 1:
         raise ConfigError("--cutover, --resume, --rollback and --dry-run go one at a time", hint="give one of them")
     if ids and (cutover or resume or rollback):
         raise ConfigError("--ids is given when an import starts", hint="the import under way goes on with the --ids it was started with: leave --ids out")
+    if key_of and (cutover or resume or rollback):
+        raise ConfigError("--key-of is given when an import starts", hint="the import under way goes on with the routes it was started with: leave --key-of out")
     say = (lambda line: click.echo(line, err=True)) if interactive(as_json) else (lambda _line: None)
     if rollback:
         plan = rollback_import(config, source, schema=schema, say=say)
@@ -45,26 +51,30 @@ def import_cmd(ctx: click.Context, source: str, schema: str, key: str | None, sk
         if not key:
             raise ConfigError("pgidgen import needs --key COLUMN", hint="name the column every table is sharded by, e.g. --key user_id")
         skipped = [s.strip() for s in (skip or "").split(",") if s.strip()]
+        routes = parse_key_of(key_of)
         if dry_run:
-            plan = plan_import(config, source, schema=schema, key=key, skip=skipped, follow=follow, ids=ids)
+            plan = plan_import(config, source, schema=schema, key=key, skip=skipped, follow=follow, ids=ids, key_of=routes)
             if as_json:
                 click.echo(json.dumps(plan.as_json(), indent=2))
                 return
             for t in plan.tables:
-                click.echo(f"-- {plan.schema}.{t.name}: about {t.rows} rows, {t.bytes} bytes; rows filtered by shard: {'yes' if t.filtered else 'no (catch-all)'}")
+                click.echo(f"-- {plan.schema}.{t.name}: about {t.rows} rows, {t.bytes} bytes; {t.route()}; rows filtered by shard: "
+                           + ("no (every row to every database, routed there by its parent's shard)" if t.parent else 'yes' if t.filtered else 'no (catch-all)'))
             if plan.id_bound is not None:
                 click.echo(f"-- --ids next_id: every ID next_id() may return is >= {plan.id_bound} ({iso_ms(config.layout.decode(plan.id_bound)[0])});"
                            " every kept ID is below it (checked again at the cutover)")
                 click.echo(f"-- ===== every shard, with the source's schema =====\n{sqltext.ids_sql(plan).strip()}")
             for name in plan.targets:
                 click.echo(f"-- ===== database {name} ({len(plan.targets[name])} shards) =====")
-                click.echo(sqltext.staging_sql(plan, name).rstrip("\n"))
+                click.echo((sqltext.staging_sql(plan, name) + settle.staging_all_sql(plan, name)).rstrip("\n"))
                 click.echo(f"-- ===== the source, for {name} =====")
                 click.echo((sqltext.publication_sql(plan, name) + sqltext.slot_sql(plan, name)).rstrip("\n"))
                 click.echo(f"-- ===== database {name} =====")
                 click.echo(sqltext.subscription_sql(plan, name, source, show=True).rstrip("\n"))
+                if settle.keyed_tables(plan):
+                    click.echo(f"-- after the copy (whole = true), before and in the cutover's pause:\n{settle.settle_sql(plan, whole=False).rstrip()}")
             return
-        result = start_import(config, source, schema=schema, key=key, skip=skipped, follow=follow, ids=ids, say=say)
+        result = start_import(config, source, schema=schema, key=key, skip=skipped, follow=follow, ids=ids, key_of=routes, say=say)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
     elif result.step == "done":

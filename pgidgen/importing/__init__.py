@@ -3,6 +3,8 @@
 - source.py: the source read (tables, key, replica identity, sequences) and every refusal, before anything is written;
 - sqltext.py: the SQL, rendered as text (staging tables partitioned by shard, publications, subscriptions, the
   cutover's trigger), which the engine runs and --dry-run prints;
+- keyof.py: --key-of, tables that reach the key through a foreign key, read and refused;
+- settle.py: those tables' rows routed on each target by their parent's shard (staging, trigger, settle function);
 - engine.py: the named steps, journaled in the source, resumed or rolled back.
 """
 from __future__ import annotations

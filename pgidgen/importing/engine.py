@@ -27,8 +27,9 @@ from ..ddl.dumpfile import parse_dump
 from ..errors import ConflictError, DatabaseError, InputError
 from ..idgen import schema_name
 from ..lockwait import LockPolicy, with_lock_retries
-from . import sqltext
+from . import settle, sqltext
 from .ids import prove
+from .keyof import KeyOf
 from .source import WORK_SCHEMA, ImportPlan, inspect
 
 STEPS = ("started", "schema", "staging", "replicating", "copied", "frozen", "verified", "done")
@@ -68,17 +69,18 @@ def _record(conn: psycopg.Connection[Any], plan: ImportPlan, step: str) -> None:
 
 
 def plan_import(config: Config, source_dsn: str, *, schema: str, key: str, skip: list[str], follow: bool = False,
-                ids: str | None = None) -> ImportPlan:
+                ids: str | None = None, key_of: dict[str, KeyOf] | None = None) -> ImportPlan:
     """The checks and the plan, nothing written (--dry-run)."""
     with _source(source_dsn) as conn:
         if _journal(conn, schema) is not None:
             raise ConflictError(f"an import of schema {schema} is under way", where="the source", hint="go on with --resume (or --cutover), or undo it with --rollback")
-        return inspect(config, conn, schema=schema, key=key, skip=skip, follow=follow, ids=ids)
+        return inspect(config, conn, schema=schema, key=key, skip=skip, follow=follow, ids=ids, key_of=key_of)
 
 
 def start_import(config: Config, source_dsn: str, *, schema: str, key: str, skip: list[str], follow: bool = False, ids: str | None = None,
-                 say: Say = lambda _: None, lock_policy: LockPolicy | None = None, hook: Hook | None = None) -> ImportResult:
-    plan = plan_import(config, source_dsn, schema=schema, key=key, skip=skip, follow=follow, ids=ids)
+                 key_of: dict[str, KeyOf] | None = None, say: Say = lambda _: None, lock_policy: LockPolicy | None = None,
+                 hook: Hook | None = None) -> ImportResult:
+    plan = plan_import(config, source_dsn, schema=schema, key=key, skip=skip, follow=follow, ids=ids, key_of=key_of)
     with _source(source_dsn) as conn:
         with conn.transaction():
             execute_script(conn, sqltext.journal_sql())
@@ -161,7 +163,7 @@ def _staging(config: Config, plan: ImportPlan) -> None:
     def work(name: str, conn: psycopg.Connection[Any]) -> None:
         if conn.execute("SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (WORK_SCHEMA,)).fetchone() is None:
             with conn.transaction():
-                execute_script(conn, sqltext.staging_sql(plan, name))
+                execute_script(conn, sqltext.staging_sql(plan, name) + settle.staging_all_sql(plan, name))
     _each_target(config, plan, work, doing="making the staging tables")
 
 
@@ -208,6 +210,7 @@ def _wait_copied(config: Config, src: psycopg.Connection[Any], plan: ImportPlan,
                                         hint="fix it (a row that breaks a shard table's constraint, a full disk), then --resume; or --rollback")
                 pending += len(plan.tables) + 1 - int(row[0])
             if pending == 0:
+                settle.settle(config, plan, whole=True)  # key-of tables: every copied row to its parent's shard
                 result.lag_bytes = _lag(src, plan)
                 return
             if time.monotonic() - last > 5:
@@ -220,6 +223,7 @@ def _wait_copied(config: Config, src: psycopg.Connection[Any], plan: ImportPlan,
 
 
 def _freeze(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult, policy: LockPolicy | None) -> None:
+    settle.catch_up(config, plan)  # key-of tables: the rows changed while following, routed before the pause
     token = uuid.uuid4().hex
     where_to = f"{plan.shard_count} shards on {', '.join(plan.targets)}"
 
@@ -247,8 +251,10 @@ def _freeze(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, resu
 
 def _verify(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult) -> None:
     """Rows and their checksum per shard, the source (its writes stopped) against each shard's table; the catch-all
-    partitions hold other databases' rows and are not read. With --ids next_id, the proof again: rows that came
-    while the import followed the source are under the bound too."""
+    partitions hold other databases' rows and are not read. Key-of tables: settled a last time first (this runs
+    again on --resume), and read on the source by their parent's shard. With --ids next_id, the proof again: rows
+    that came while the import followed the source are under the bound too."""
+    settle.settle(config, plan)  # the pause's: key-of rows the last changes touched
     problems: list[str] = []
     if plan.id_bound is not None:
         try:
@@ -258,11 +264,14 @@ def _verify(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, resu
     for t in plan.tables:
         by_text = not _builtin_types(src, plan, t.name)
         try:
-            rows = _settled(src, sqltext.checksum_sql(plan, t.name, by_text=by_text))
+            rows = _settled(src, sqltext.checksum_sql(plan, t, by_text=by_text))
         except psycopg.errors.UndefinedFunction:  # a column type without a hash function: the rows' text instead
             by_text = True
-            rows = _settled(src, sqltext.checksum_sql(plan, t.name, by_text=True))
-        want = {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
+            rows = _settled(src, sqltext.checksum_sql(plan, t, by_text=True))
+        want = {int(r[0]): (int(r[1]), int(r[2])) for r in rows if r[0] is not None}
+        orphans = sum(int(r[1]) for r in rows if r[0] is None)
+        if orphans:
+            problems.append(f"{orphans} rows of {plan.schema}.{t.name} have no {t.parent} row: they have no shard")
         result.verified[t.name] = sum(n for n, _ in want.values())
         for name in plan.targets:
             with connect(name, config.dsn(name), autocommit=True) as conn:

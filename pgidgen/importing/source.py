@@ -3,7 +3,7 @@
 What is read: the schema's tables, each one's key column, replica identity and size; the sequences whose values
 the shards must continue from; the shard map (which database serves which shards). What is refused, each with one
 line: a source below PostgreSQL 15 or not at wal_level=logical, a role that may not publish or make slots, a table
-without the key column (name it in --skip), a key column that is not an integer or holds NULLs, a table with no
+without the key column (route it with --key-of, keyof.py, or --skip it), a key column that is not an integer or holds NULLs, a table with no
 primary key or replica identity, a table that is partitioned, a target database that already has a table of that
 name in that schema, or shards that hold rows of those tables already; with --ids next_id, an ID column narrower than
 bigint and an existing ID that next_id() could make again (ids.py).
@@ -23,6 +23,7 @@ from ..errors import ConfigError, ConflictError, DatabaseError, InputError
 from ..idgen import schema_name
 from ..shardmap import read_map
 from .ids import ID_SOURCES, id_bound, id_columns, prove
+from .keyof import KeyOf, check_key_of
 
 INTEGER_TYPES = ("smallint", "integer", "bigint")
 #: the schema pgidgen keeps its journal, heartbeat and write-refusing function in (on the source), and the
@@ -37,6 +38,15 @@ class TablePlan:
     filtered: bool
     rows: int = 0
     bytes: int = 0
+    #: --key-of: the column that refers to the parent, the parent (a table with the key), its column; the table's
+    #: primary key (settle.py routes these rows by their parent's shard)
+    via: str | None = None
+    parent: str | None = None
+    parent_column: str | None = None
+    pk: list[str] = field(default_factory=list)
+
+    def route(self) -> str:
+        return f"key via {self.via} -> {self.parent}.{self.parent_column}" if self.parent else "key column"
 
 
 @dataclass
@@ -101,8 +111,9 @@ ORDER BY c.relname
 
 
 def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key: str, skip: Sequence[str], follow: bool,
-            ids: str | None = None) -> ImportPlan:
+            ids: str | None = None, key_of: dict[str, KeyOf] | None = None) -> ImportPlan:
     """The plan, or the first refusal: reads the source and the shard map; writes nothing anywhere."""
+    routes = key_of or {}
     _check_server(source)
     rows = source.execute(_TABLES_SQL, {"schema": schema, "key": key}).fetchall()
     if not rows:
@@ -111,15 +122,16 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
     unknown = sorted(set(skip) - names)
     if unknown:
         raise InputError(f"--skip names {', '.join(unknown)}, not a table of schema {schema}", hint="give the tables' names as \\dt lists them")
+    pks = check_key_of(source, schema=schema, key=key, routes=routes, tables=sorted(names), skip=skip, has_key={r[0]: r[3] is not None for r in rows})
     tables: list[TablePlan] = []
     for name, kind, ident, typ, ident_cols, owns, est, size in rows:
         if name in skip:
             continue
         where = f"{schema}.{name}"
-        if typ is None:
+        if typ is None and name not in routes:
             raise InputError(f"table {where} has no column {key}", where="the source",
-                             hint=f"leave it out with --skip {name} (tables that reach the key through a foreign key are not imported yet)")
-        if typ not in INTEGER_TYPES:
+                             hint=f"route it through its parent with --key-of {name}=COLUMN:PARENT.PARENTCOL, or leave it out with --skip {name}")
+        if typ is not None and typ not in INTEGER_TYPES:
             raise InputError(f"{where}.{key} is {typ}, not an integer", where="the source", hint="pgidgen import routes integer keys (shard = key % shard count)")
         if kind == "p":
             raise InputError(f"table {where} is partitioned", where="the source", hint=f"import does not take partitioned tables yet: --skip {name}")
@@ -129,8 +141,14 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
         if not owns:
             raise DatabaseError(f"the source's role does not own {where}", where="the source",
                                 hint="a publication needs the tables' owner: connect as the role that owns them")
+        if name in routes:
+            k = routes[name]
+            tables.append(TablePlan(name, False, int(est), int(size), k.column, k.parent, k.parent_column, pks[name]))
+            continue
         tables.append(TablePlan(name, ident == "f" or key in (ident_cols or []), int(est), int(size)))
     for t in tables:
+        if t.parent:
+            continue
         q = sql.SQL("SELECT EXISTS (SELECT FROM {} WHERE {} IS NULL)").format(sql.Identifier(schema, t.name), sql.Identifier(key))
         row = source.execute(q).fetchone()
         if row and row[0]:

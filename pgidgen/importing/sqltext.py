@@ -14,7 +14,7 @@ from psycopg import sql
 
 from ..idgen import schema_name
 from ..redact import scrub
-from .source import WORK_SCHEMA, ImportPlan, shard_expr
+from .source import WORK_SCHEMA, ImportPlan, TablePlan, shard_expr
 
 
 def _s(c: sql.Composable) -> str:
@@ -58,6 +58,8 @@ def staging_sql(plan: ImportPlan, database: str) -> str:
     out += [f"CREATE SCHEMA {w};", f"CREATE TABLE {w}.heartbeat (token text PRIMARY KEY, at timestamptz NOT NULL DEFAULT now());"]
     expr = _s(shard_expr(plan.key, plan.shard_count))
     for t in plan.tables:
+        if t.parent:  # a key-of table's: settle.staging_sql
+            continue
         parent = _q(plan.schema, t.name)
         first = _q(schema_name(shards[0]), t.name)
         out.append(f"CREATE TABLE {parent} (LIKE {first}) PARTITION BY LIST ({expr});")
@@ -132,7 +134,7 @@ def unstage_sql(plan: ImportPlan, database: str, attached: list[str] | None = No
     out = []
     for t in plan.tables:
         parent = _q(plan.schema, t.name)
-        for s in plan.targets[database]:
+        for s in plan.targets[database] if not t.parent else []:
             part = _q(schema_name(s), t.name)
             if attached is None or part in attached:
                 out.append(f"ALTER TABLE {parent} DETACH PARTITION {part};")
@@ -189,10 +191,18 @@ def _checksum(alias: str, by_text: bool) -> str:
     return f"pg_catalog.count(*), COALESCE(pg_catalog.sum({row}), 0)"
 
 
-def checksum_sql(plan: ImportPlan, table: str, *, by_text: bool = False) -> str:
-    """The source's side of the verify step: (shard, rows, checksum) per shard."""
-    expr = _s(shard_expr(plan.key, plan.shard_count))
-    return f"SELECT {expr} AS shard, {_checksum('pgidgen_row', by_text)} FROM {_q(plan.schema, table)} AS pgidgen_row GROUP BY 1;\n"
+def checksum_sql(plan: ImportPlan, t: TablePlan, *, by_text: bool = False) -> str:
+    """The source's side of the verify step: (shard, rows, checksum) per shard; a key-of table's rows by their
+    parent's shard (a row with no parent: shard NULL)."""
+    if not t.parent:
+        expr = _s(shard_expr(plan.key, plan.shard_count))
+        return f"SELECT {expr} AS shard, {_checksum('pgidgen_row', by_text)} FROM {_q(plan.schema, t.name)} AS pgidgen_row GROUP BY 1;\n"
+    assert t.via and t.parent_column
+    n = plan.shard_count
+    expr = f"((({_q('pgidgen_parent', plan.key)} % {n}) + {n}) % {n})"
+    return (f"SELECT {expr} AS shard, {_checksum('pgidgen_row', by_text)} FROM {_q(plan.schema, t.name)} AS pgidgen_row"
+            f" LEFT JOIN {_q(plan.schema, t.parent)} AS pgidgen_parent ON {_q('pgidgen_parent', t.parent_column)} = {_q('pgidgen_row', t.via)}"
+            " GROUP BY 1;\n")
 
 
 def shard_checksums_sql(plan: ImportPlan, table: str, database: str, *, by_text: bool = False) -> str:

@@ -1,0 +1,147 @@
+"""pgidgen import --key-of: a table that reaches the key through a foreign key (likes -> photos), under a writer
+that inserts, moves and deletes its rows while the import follows and up to the cutover; the refusals; a rollback
+that leaves the shards empty and nothing behind."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from movekit import leftovers
+from test_import import SHARDS, _config_file, _rows, source, two  # noqa: F401
+
+from pgidgen.cli import main
+from pgidgen.config import Config
+from pgidgen.importing import resume_import, rollback_import, start_import
+from pgidgen.importing.keyof import parse_key_of
+
+LIKES = """
+CREATE TABLE likes (id bigserial PRIMARY KEY, photo_id bigint NOT NULL REFERENCES photos (id) ON DELETE CASCADE, n int);
+INSERT INTO likes (photo_id, n) SELECT 1 + g % 300, g FROM generate_series(1, 400) g;
+"""
+ROUTE = parse_key_of(["likes=photo_id:photos.id"])
+
+
+@pytest.fixture
+def keyed(source: str) -> Iterator[str]:  # noqa: F811
+    with psycopg.connect(source, autocommit=True) as c:
+        c.execute(LIKES)
+    yield source
+
+
+def _placed(cfg: Config) -> dict[int, int]:
+    """like id -> the shard it is in (asserting it is in one only)."""
+    at: dict[int, int] = {}
+    for shard, (like,) in _rows(cfg, "likes", "id"):
+        assert like not in at, f"like {like} in shards {at[like]} and {shard}"
+        at[like] = shard
+    return at
+
+
+def test_key_of_rows_follow_their_parent_under_a_writer(keyed: str, two: Config) -> None:  # noqa: F811
+    stop = threading.Event()
+    done_ops: list[int] = []
+
+    def write() -> None:
+        with psycopg.connect(keyed, autocommit=True) as c:
+            n = 0
+            while not stop.is_set():
+                try:
+                    with c.transaction():
+                        c.execute("INSERT INTO likes (photo_id, n) VALUES (%s, %s)", (1 + n % 300, -n))
+                        c.execute("UPDATE likes SET photo_id = 1 + (photo_id + 7) %% 300 WHERE id = %s", (1 + n % 400,))  # to another parent
+                        c.execute("DELETE FROM likes WHERE id = %s", (400 - n % 400,))
+                        if n % 25 == 0:
+                            c.execute("DELETE FROM photos WHERE id = %s", (300 - n // 25,))  # its likes go by cascade
+                except psycopg.Error:
+                    return
+                done_ops.append(n)
+                n += 1
+
+    th = threading.Thread(target=write, daemon=True)
+    th.start()
+    followed = start_import(two, keyed, schema="public", key="user_id", skip=["countries"], key_of=ROUTE, follow=True)
+    assert followed.step == "copied"
+    done = resume_import(two, keyed, schema="public", cutover=True)
+    th.join(30)
+    stop.set()
+    assert done.step == "done" and len(done_ops) > 10
+    with psycopg.connect(keyed) as c:
+        want = dict(c.execute("SELECT l.id, p.user_id FROM likes l JOIN photos p ON p.id = l.photo_id").fetchall())
+    assert done.verified["likes"] == len(want)
+    placed = _placed(two)
+    assert sorted(placed) == sorted(want)
+    assert all(shard == want[like] % SHARDS for like, shard in placed.items())
+    assert leftovers({"source": keyed, **two.databases}) == []
+    with psycopg.connect(two.databases["db1"]) as c:
+        assert c.execute("SELECT to_regclass('public.likes'), to_regnamespace('pgidgen_import')").fetchone() == (None, None)
+
+
+def test_rollback_empties_the_shards_and_leaves_nothing(keyed: str, two: Config) -> None:  # noqa: F811
+    start_import(two, keyed, schema="public", key="user_id", skip=["countries"], key_of=ROUTE, follow=True)
+    assert len(_placed(two)) == 400  # routed once the copy is done
+    rollback_import(two, keyed, schema="public")
+    assert _rows(two, "likes", "id") == [] and _rows(two, "photos", "id") == []
+    assert leftovers({"source": keyed, **two.databases}) == []
+    for dsn in two.databases.values():
+        with psycopg.connect(dsn) as c:
+            assert c.execute("SELECT to_regclass('public.likes'), to_regnamespace('pgidgen_import')").fetchone() == (None, None)
+    with psycopg.connect(keyed) as c:
+        c.execute("INSERT INTO likes (photo_id) VALUES (1)")  # serving as before
+
+
+@pytest.mark.parametrize("setup, key_of, message", [
+    ("", [], "table public.likes has no column user_id (the source): route it through its parent with --key-of likes=COLUMN:PARENT.PARENTCOL"),
+    ("", ["likes=photo_id"], "--key-of likes=photo_id is not TABLE=COLUMN:PARENT.PARENTCOL"),
+    ("", ["likes=photo_id:pictures.id"], "--key-of likes: pictures is not a table of schema public"),
+    ("", ["likes=pic_id:photos.id"], "--key-of likes: public.likes has no column pic_id"),
+    ("", ["likes=photo_id:likes.id"], "--key-of likes: its parent is the table itself"),
+    ("", ["likes=photo_id:photos.caption"], "--key-of likes: public.photos.caption is not unique"),
+    ("ALTER TABLE likes ALTER COLUMN photo_id DROP NOT NULL; INSERT INTO likes (photo_id) VALUES (NULL)", ["likes=photo_id:photos.id"],
+     "--key-of likes: public.likes.photo_id holds NULLs"),
+    ("ALTER TABLE likes DROP CONSTRAINT likes_photo_id_fkey; INSERT INTO likes (photo_id) VALUES (100000)", ["likes=photo_id:photos.id"],
+     "--key-of likes: rows of public.likes have a photo_id no photos.id has"),
+    ("CREATE TABLE tags (photo_id bigint NOT NULL, tag text)", ["likes=photo_id:photos.id", "tags=photo_id:photos.id"],
+     "--key-of tags: public.tags has no primary key"),
+])
+def test_key_of_refused_before_anything_is_written(keyed: str, two: Config, tmp_path: Path, setup: str, key_of: list[str], message: str) -> None:  # noqa: F811
+    if setup:
+        with psycopg.connect(keyed, autocommit=True) as c:
+            c.execute(setup)
+    args = [a for k in key_of for a in ("--key-of", k)]
+    result = CliRunner().invoke(main, ["--config", _config_file(two, tmp_path), "import", keyed, "--key", "user_id", "--skip", "countries", *args])
+    assert result.exit_code == 1 and message in result.output, result.output
+    with psycopg.connect(keyed) as c:
+        assert c.execute("SELECT to_regnamespace('pgidgen_import')").fetchone() == (None,)
+    assert leftovers({"source": keyed, **two.databases}) == []
+
+
+def test_dry_run_says_the_route(keyed: str, two: Config, tmp_path: Path) -> None:  # noqa: F811
+    result = CliRunner().invoke(main, ["--config", _config_file(two, tmp_path), "import", keyed, "--key", "user_id", "--skip", "countries",
+                                       "--key-of", "likes=photo_id:photos.id", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "-- public.likes: about" in result.output and "key via photo_id -> photos.id" in result.output
+    assert 'ALTER TABLE "public"."likes" ENABLE REPLICA TRIGGER pgidgen_dirty;' in result.output
+    assert 'SELECT "pgidgen_import"."settle_likes"(false);' in result.output
+    with psycopg.connect(keyed) as c:
+        assert c.execute("SELECT to_regnamespace('pgidgen_import')").fetchone() == (None,)
+
+
+def test_stopped_after_the_copy_then_resumed(keyed: str, two: Config) -> None:  # noqa: F811
+    """The settle after the copy runs again on --resume (its journal line was not written): each row once still."""
+    def crash(where: str) -> None:
+        if where == "after:copied":
+            raise RuntimeError(where)
+    with pytest.raises(RuntimeError):
+        start_import(two, keyed, schema="public", key="user_id", skip=["countries"], key_of=ROUTE, hook=crash)
+    with psycopg.connect(keyed, autocommit=True) as c:
+        c.execute("UPDATE likes SET photo_id = 2 WHERE id <= 50")
+    done = resume_import(two, keyed, schema="public")
+    assert done.step == "done" and done.verified["likes"] == 400
+    with psycopg.connect(keyed) as c:
+        want = dict(c.execute("SELECT l.id, p.user_id FROM likes l JOIN photos p ON p.id = l.photo_id").fetchall())
+    assert _placed(two) == {like: user % SHARDS for like, user in want.items()}
+    assert leftovers({"source": keyed, **two.databases}) == []
