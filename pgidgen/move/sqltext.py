@@ -342,7 +342,6 @@ PARTITIONED_SQL = (
     " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ANY(%s) ORDER BY 1, 2"
 )
 
-
 def partitioned_of(conn: Any, schemas: Sequence[str]) -> dict[str, list[str]]:
     """Per schema, its partitioned tables (none: an empty list), in one query."""
     out: dict[str, list[str]] = {s: [] for s in schemas}
@@ -350,6 +349,12 @@ def partitioned_of(conn: Any, schemas: Sequence[str]) -> dict[str, list[str]]:
         out.setdefault(str(schema), []).append(str(name))
     return out
 
+
+#: The relations of the schemas n, found through pg_depend's index (each has a dependency on its schema: pg_class
+#: has no index on relnamespace, and a join on it reads all of pg_class, which grows with the shards).
+RELATIONS_OF = ("pg_catalog.pg_namespace n JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_namespace'::pg_catalog.regclass"
+                " AND d.refobjid = n.oid AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass"
+                " JOIN pg_catalog.pg_class c ON c.oid = d.objid AND c.relnamespace = n.oid")
 
 #: Per table of a schema: its columns (by name) and whether a publication holds it (engine._changed_tables).
 TABLES_AS_THEY_STAND_SQL = """
@@ -359,9 +364,9 @@ SELECT c.relname,
        c.relpersistence <> 'p'  -- unlogged: not published, copied in the pause (unlogged.py)
        OR EXISTS (SELECT FROM pg_catalog.pg_publication_rel pr JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
                   WHERE pr.prrelid = c.oid AND p.pubname = %(publication)s)
-FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+FROM {rels}
 WHERE n.nspname = %(schema)s AND c.relkind = 'r'
-"""
+""".replace("{rels}", RELATIONS_OF)
 
 
 #: TABLES_AS_THEY_STAND_SQL for a batch's schemas at once (one query inside the pause), the schema first.
