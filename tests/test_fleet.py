@@ -86,6 +86,28 @@ def test_status_counts_retired_copies_and_cleanup_drops_them_by_age(config: Conf
     assert {n: len(s) for n, s in read_map(config).databases.items()} == {"db1": 1, "db2": 4, "db3": 3}
 
 
+def test_cleanup_finds_what_depends_on_a_copy_from_the_objects_it_read_once(config: Config) -> None:
+    """cleanup reads every retired copy's objects in one pass (retired_objects) and then looks only in pg_depend's
+    index per copy: that finds what the per-copy pass over the catalogs finds, whatever kind of object depends."""
+    from pgidgen.move import sqltext as q
+    from pgidgen.move.cleanup import retired_objects
+
+    setup_shards(config, rows=5)
+    for shard in (0, 1):
+        move_shard(config, shard, "db3")
+    copies = retired_rows(config.dsn("db1"))
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute(f"CREATE VIEW public.v AS SELECT note FROM {copies[0]}.t")
+        c.execute(f"CREATE TABLE public.audit (id bigint PRIMARY KEY DEFAULT {copies[0]}.next_id(), t_id bigint REFERENCES {copies[0]}.t (id),"
+                  f" row {copies[0]}.tags)")
+        objects = retired_objects(c)
+        assert sorted(objects) == [0, 1] and objects[0][0] == copies[0]
+        for shard, schema in copies.items():
+            whole = [r[0] for r in c.execute(q.OUTSIDE_DEPENDENTS_SQL, {"schema": schema})]
+            indexed = [r[0] for r in c.execute(q.OUTSIDE_DEPENDENTS_OF_SQL, {"schema": schema, "classes": objects[shard][1], "oids": objects[shard][2]})]
+            assert indexed == whole and bool(whole) == (shard == 0), (shard, whole, indexed)
+
+
 def test_rebalance_drop_source_leaves_no_retired_copy(config: Config, config_file: Path) -> None:
     setup_shards(config, rows=20)
     res = cli(config_file, "rebalance", "--by", "count", "--drop-source")

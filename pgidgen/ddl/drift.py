@@ -38,27 +38,30 @@ WITH s AS (
     SELECT n.oid AS nsp, n.nspname, sh.shard
     FROM pgidgen.shards sh JOIN pg_catalog.pg_namespace n ON n.nspname = sh.schema_name
     WHERE sh.state IN ('active', 'moving') {filter}
+), cls AS MATERIALIZED (  -- the schemas' relations, read once: pg_class has no index on the schema, so each
+                          -- branch joining it read all of it again (eleven passes over a catalog that grows with the shards)
+    SELECT c.* FROM pg_catalog.pg_class c WHERE c.relnamespace IN (SELECT nsp FROM s)
 ), items AS (
     SELECT s.shard, 'relation ' || c.relname || ' (' || c.relkind::text || ')' || coalesce(' with ' || pg_catalog.array_to_string(c.reloptions, ','), '')
         || CASE WHEN c.relkind IN ('r', 'p') THEN ' replica identity ' || c.relreplident::text ELSE '' END
         || CASE WHEN c.relkind = 'r' AND c.relpersistence = 'u' THEN ' unlogged' ELSE '' END || coalesce(' partition by ' || pg_catalog.pg_get_partkeydef(c.oid), '') AS item
-    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
+    FROM s JOIN cls c ON c.relnamespace = s.nsp
     WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c') AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset')
   UNION ALL
     SELECT s.shard, 'sequence ' || c.relname || ' ' || pg_catalog.format_type(q.seqtypid, NULL) || ' increment ' || q.seqincrement
         || ' min ' || q.seqmin || ' max ' || q.seqmax || ' cache ' || q.seqcache || CASE WHEN q.seqcycle THEN ' cycle' ELSE '' END
-    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relkind = 'S' JOIN pg_catalog.pg_sequence q ON q.seqrelid = c.oid
+    FROM s JOIN cls c ON c.relnamespace = s.nsp AND c.relkind = 'S' JOIN pg_catalog.pg_sequence q ON q.seqrelid = c.oid
     WHERE c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset')
   UNION ALL
     SELECT s.shard, 'rule ' || r.rulename || ' on ' || c.relname || ' ' || pg_catalog.md5({ruledef}) || ' ' || r.ev_enabled::text
-    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp JOIN pg_catalog.pg_rewrite r ON r.ev_class = c.oid AND r.rulename <> '_RETURN'
+    FROM s JOIN cls c ON c.relnamespace = s.nsp JOIN pg_catalog.pg_rewrite r ON r.ev_class = c.oid AND r.rulename <> '_RETURN'
   UNION ALL
     SELECT s.shard, 'statistics ' || {statsdef}
     FROM s JOIN pg_catalog.pg_statistic_ext x ON x.stxnamespace = s.nsp
 
   UNION ALL
     SELECT s.shard, 'row level security on ' || c.relname || CASE WHEN c.relforcerowsecurity THEN ' (forced)' ELSE '' END
-    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relrowsecurity
+    FROM s JOIN cls c ON c.relnamespace = s.nsp AND c.relrowsecurity
   UNION ALL
     SELECT s.shard, 'column ' || c.relname || '.' || a.attname || ' ' || pg_catalog.format_type(a.atttypid, a.atttypmod)
         || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
@@ -67,14 +70,14 @@ WITH s AS (
         || CASE WHEN a.attcollation <> ty.typcollation THEN ' collate ' || coalesce((SELECT collname FROM pg_catalog.pg_collation WHERE oid = a.attcollation), '?') ELSE '' END
         || CASE WHEN a.attstorage <> ty.typstorage THEN ' storage ' || a.attstorage::text ELSE '' END
         || CASE WHEN a.attstattarget >= 0 THEN ' statistics ' || a.attstattarget ELSE '' END
-    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
+    FROM s JOIN cls c ON c.relnamespace = s.nsp
     JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
     JOIN pg_catalog.pg_type ty ON ty.oid = a.atttypid
     LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
     WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f', 'c')
   UNION ALL
     SELECT s.shard, 'index ' || {indexdef} || CASE WHEN ix.indisvalid THEN '' ELSE ' (invalid)' END
-    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relkind IN ('i', 'I')
+    FROM s JOIN cls c ON c.relnamespace = s.nsp AND c.relkind IN ('i', 'I')
     JOIN pg_catalog.pg_index ix ON ix.indexrelid = c.oid {index_filter}
   UNION ALL
     -- not the constraints a partitioned table's foreign key or check gets on each partition: named in creation
@@ -91,25 +94,25 @@ WITH s AS (
     SELECT s.shard, 'grants on ' || c.relname || ' ' || CASE WHEN c.relkind = 'S' THEN {seqacl} ELSE {relacl} END || ' owner ' || pg_catalog.pg_get_userbyid(c.relowner)
         || coalesce(' columns ' || (SELECT string_agg(a.attname || ' ' || {attacl}, ', ' ORDER BY a.attname)
                                     FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid AND a.attacl IS NOT NULL), '')
-    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
+    FROM s JOIN cls c ON c.relnamespace = s.nsp
     WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f') AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset')
   UNION ALL
     SELECT s.shard, 'policy ' || p.polname || ' on ' || c.relname || ' ' || p.polcmd::text || CASE WHEN p.polpermissive THEN ' permissive' ELSE ' restrictive' END
         || ' to ' || (SELECT string_agg(x, ',' ORDER BY x) FROM (SELECT CASE WHEN r = 0 THEN 'public' ELSE pg_catalog.pg_get_userbyid(r)::text END AS x
                       FROM pg_catalog.unnest(p.polroles) r) q)
         || coalesce(' using ' || {polqual}, '') || coalesce(' check ' || {polcheck}, '')
-    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp JOIN pg_catalog.pg_policy p ON p.polrelid = c.oid
+    FROM s JOIN cls c ON c.relnamespace = s.nsp JOIN pg_catalog.pg_policy p ON p.polrelid = c.oid
   UNION ALL
     SELECT s.shard, 'inherits ' || c.relname || ' from ' || pc.oid::pg_catalog.regclass::text || coalesce(' ' || pg_catalog.pg_get_expr(c.relpartbound, c.oid), '')
-    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relkind IN ('r', 'p', 'f')
+    FROM s JOIN cls c ON c.relnamespace = s.nsp AND c.relkind IN ('r', 'p', 'f')
     JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid JOIN pg_catalog.pg_class pc ON pc.oid = i.inhparent
   UNION ALL
     SELECT s.shard, 'trigger ' || {trigdef} || ' ' || t.tgenabled::text
-    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp
+    FROM s JOIN cls c ON c.relnamespace = s.nsp
     JOIN pg_catalog.pg_trigger t ON t.tgrelid = c.oid AND NOT t.tgisinternal
   UNION ALL
     SELECT s.shard, 'view ' || c.relname || ' ' || pg_catalog.md5({viewdef})
-    FROM s JOIN pg_catalog.pg_class c ON c.relnamespace = s.nsp AND c.relkind IN ('v', 'm')
+    FROM s JOIN cls c ON c.relnamespace = s.nsp AND c.relkind IN ('v', 'm')
   UNION ALL
     SELECT s.shard, 'function ' || p.proname || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ') '
         || coalesce(pg_catalog.pg_get_function_result(p.oid), 'procedure') || ' '

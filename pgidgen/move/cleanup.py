@@ -63,14 +63,33 @@ def cleanup(config: Config, shard: int, *, only: tuple[str, str] | None = None) 
     return report
 
 
-def drop_copy(conn: psycopg.Connection[Any], name: str, shard: int, *, only: str | None = None) -> str | None:
+#: A retired copy's schema and its objects (RETIRED_OBJECTS_SQL): (schema, catalogs, oids).
+CopyObjects = tuple[str, list[int], list[int]]
+
+
+def retired_objects(conn: psycopg.Connection[Any]) -> dict[int, CopyObjects]:
+    """The objects of every retired copy of this database, by shard, in one pass over the catalogs."""
+    out: dict[int, CopyObjects] = {}
+    for shard, schema, classid, oid in conn.execute(q.RETIRED_OBJECTS_SQL):
+        _, classes, oids = out.setdefault(int(shard), (str(schema), [], []))
+        classes.append(int(classid))
+        oids.append(int(oid))
+    return out
+
+
+def drop_copy(conn: psycopg.Connection[Any], name: str, shard: int, *, only: str | None = None, objects: CopyObjects | None = None) -> str | None:
     """Drop this database's retired copy of shard (only: if it is that schema) in one transaction; its schema name,
-    or None when there is none. Refuses, naming them, when objects outside the copy depend on it."""
+    or None when there is none. Refuses, naming them, when objects outside the copy depend on it. objects: the
+    copy's, read beforehand for many copies at once (retired_objects), so that the check of what depends on it
+    looks only in pg_depend's index; read here when not given or not of this schema."""
     with conn.transaction():
         row = conn.execute("SELECT schema_name FROM pgidgen.shards WHERE shard = %s AND state = 'retired' FOR UPDATE", (shard,)).fetchone()
         if row is None or (only is not None and row[0] != only):
             return None
-        found = outside_dependents(conn, row[0])
+        if objects is not None and objects[0] == row[0]:
+            found = [str(r[0]) for r in conn.execute(q.OUTSIDE_DEPENDENTS_OF_SQL, {"schema": row[0], "classes": objects[1], "oids": objects[2]})]
+        else:
+            found = outside_dependents(conn, row[0])
         if found:
             raise MoveError(f"objects outside {name}.{row[0]} depend on it: {describe_dependents(found)}",
                             hint="dropping the copy would drop them too: drop them or make them independent of it first, then clean up again")

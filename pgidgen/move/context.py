@@ -188,7 +188,7 @@ def read_tables_of(conn: psycopg.Connection[Any], schemas: list[str]) -> dict[st
                    pg_table_size(c.oid),
                    ARRAY(SELECT tg.tgname::text FROM pg_trigger tg WHERE tg.tgrelid = c.oid AND NOT tg.tgisinternal
                          AND tg.tgenabled IN ('A', 'R') ORDER BY tg.tgname)
-            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            FROM """ + q.RELATIONS_OF + """
             WHERE n.nspname = ANY(%s) AND c.relkind = 'r'
             ORDER BY c.relname
             """,
@@ -202,7 +202,7 @@ def read_tables_of(conn: psycopg.Connection[Any], schemas: list[str]) -> dict[st
             t.est_rows = int(conn.execute(f"SELECT count(*) FROM ONLY {_q(schema, t.name)}").fetchone()[0])  # type: ignore[index]
         out[schema][0].append(t)
     for schema, name in conn.execute(
-        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        f"SELECT n.nspname, c.relname FROM {q.RELATIONS_OF}"
         " WHERE n.nspname = ANY(%s) AND c.relkind = 'S' AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset') ORDER BY 1, 2",
         (schemas,),
     ):
@@ -337,13 +337,14 @@ def check_room(conns: dict[str, psycopg.Connection[Any]], at_once: list[tuple[st
 #: fails the restore halfway ("role ... does not exist"), after the slot and publication exist.
 ROLES_OF_SCHEMA_SQL = """
 WITH n AS (SELECT oid, nspowner, nspacl FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s),
+cls AS MATERIALIZED (  -- one pass over pg_class (no index on the schema), not one per join
+    SELECT c.oid, c.relnamespace, c.relowner, c.relacl FROM pg_catalog.pg_class c WHERE c.relnamespace IN (SELECT oid FROM n)),
 objs (owner, acl) AS (
     SELECT nspowner, nspacl FROM n
-    UNION ALL SELECT c.relowner, c.relacl FROM pg_catalog.pg_class c JOIN n ON c.relnamespace = n.oid
+    UNION ALL SELECT c.relowner, c.relacl FROM cls c
     UNION ALL SELECT p.proowner, p.proacl FROM pg_catalog.pg_proc p JOIN n ON p.pronamespace = n.oid
     UNION ALL SELECT t.typowner, t.typacl FROM pg_catalog.pg_type t JOIN n ON t.typnamespace = n.oid
-    UNION ALL SELECT NULL, a.attacl FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid JOIN n ON c.relnamespace = n.oid
-        WHERE a.attacl IS NOT NULL
+    UNION ALL SELECT NULL, a.attacl FROM cls c JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid WHERE a.attacl IS NOT NULL
     UNION ALL SELECT d.defaclrole, d.defaclacl FROM pg_catalog.pg_default_acl d JOIN n ON d.defaclnamespace = n.oid
     UNION ALL SELECT x.stxowner, NULL FROM pg_catalog.pg_statistic_ext x JOIN n ON x.stxnamespace = n.oid
     UNION ALL SELECT o.oprowner, NULL FROM pg_catalog.pg_operator o JOIN n ON o.oprnamespace = n.oid
@@ -358,7 +359,7 @@ roles (r) AS (
     SELECT owner FROM objs WHERE owner IS NOT NULL
     UNION SELECT (pg_catalog.aclexplode(acl)).grantee FROM objs WHERE acl IS NOT NULL
     UNION SELECT (pg_catalog.aclexplode(acl)).grantor FROM objs WHERE acl IS NOT NULL
-    UNION SELECT pg_catalog.unnest(pol.polroles) FROM pg_catalog.pg_policy pol JOIN pg_catalog.pg_class c ON c.oid = pol.polrelid JOIN n ON c.relnamespace = n.oid
+    UNION SELECT pg_catalog.unnest(pol.polroles) FROM cls c JOIN pg_catalog.pg_policy pol ON pol.polrelid = c.oid
 )
 SELECT pg_catalog.array_agg(DISTINCT rolname ORDER BY rolname) FROM roles JOIN pg_catalog.pg_roles ON pg_roles.oid = roles.r
 """
@@ -380,7 +381,7 @@ def check_roles(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Co
 OWNERS_OF_SCHEMAS_SQL = ROLES_OF_SCHEMA_SQL.replace("nspname = %(schema)s", "nspname = ANY(%(schemas)s)").replace(
     "    UNION SELECT (pg_catalog.aclexplode(acl)).grantee FROM objs WHERE acl IS NOT NULL\n"
     "    UNION SELECT (pg_catalog.aclexplode(acl)).grantor FROM objs WHERE acl IS NOT NULL\n"
-    "    UNION SELECT pg_catalog.unnest(pol.polroles) FROM pg_catalog.pg_policy pol JOIN pg_catalog.pg_class c ON c.oid = pol.polrelid JOIN n ON c.relnamespace = n.oid\n",
+    "    UNION SELECT pg_catalog.unnest(pol.polroles) FROM cls c JOIN pg_catalog.pg_policy pol ON pol.polrelid = c.oid\n",
     "")
 assert OWNERS_OF_SCHEMAS_SQL.count("UNION SELECT") == 0
 

@@ -4,7 +4,9 @@ The same rules as `move-shard --cleanup` for each copy — never the only copy (
 reachable database), never while a move of the shard is unfinished, never objects outside the copy that depend
 on it — read once for all databases; each copy is dropped in a transaction of its own (a DROP SCHEMA of a big
 copy locks all its objects), so what is dropped stays dropped if the run stops. A copy that may not go is kept
-and named, the others go on.
+and named, the others go on. What each copy holds is read in one pass over the catalogs before the first drop
+(a retired copy does not change), so each drop's check of what depends on it is a look-up in pg_depend's index:
+the cleanup is linear in the copies, where a pass per copy made it quadratic.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from ..config import Config
 from ..db import connect, translate
 from ..errors import PgidgenError
 from ..sizes import human, read_sizes
-from .cleanup import drop_copy
+from .cleanup import CopyObjects, drop_copy, retired_objects
 from .context import read_states
 
 
@@ -116,13 +118,16 @@ def cleanup_retired(
     if on_plan is not None:
         on_plan(todo)
     conns: dict[str, psycopg.Connection[Any]] = {}
+    objects: dict[str, dict[int, CopyObjects]] = {}
     try:
         for c in todo:
             conn = conns.get(c.database)
             if conn is None:
                 conn = conns[c.database] = connect(c.database, config.dsn(c.database), autocommit=True)
             try:
-                schema = drop_copy(conn, c.database, c.shard)
+                if c.database not in objects:  # one pass over the catalogs for all its copies, not one per copy
+                    objects[c.database] = retired_objects(conn)
+                schema = drop_copy(conn, c.database, c.shard, objects=objects[c.database].get(c.shard))
             except PgidgenError as e:
                 report.kept.append((c, e.what))
                 continue

@@ -126,14 +126,21 @@ _OWNER_SCHEMA = """coalesce((pg_catalog.pg_identify_object(classid, objid, objsu
         WHERE classid = 'pg_catalog.pg_cast'::pg_catalog.regclass AND k.oid = objid))"""
 
 
-def _dependents_sql(schema_param: str, select: str) -> str:
-    """Over the dependents (pg_depend: column defaults, constraints, types, views, triggers, policies; not function
-    bodies) of the relations, types and functions of the schema named by schema_param, each with its schema."""
+def _objects_sql(schema_param: str) -> str:
+    """The relations, types and functions of the schema named by schema_param, as (catalog, oid): none of the
+    three catalogs has an index on the schema, so this reads each of them whole."""
     return f"""
-WITH ref (c, o) AS (
     SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, oid FROM pg_catalog.pg_proc WHERE pronamespace = pg_catalog.to_regnamespace({schema_param})
     UNION ALL SELECT 'pg_catalog.pg_type'::pg_catalog.regclass, oid FROM pg_catalog.pg_type WHERE typnamespace = pg_catalog.to_regnamespace({schema_param})
-    UNION ALL SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, oid FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.to_regnamespace({schema_param})),
+    UNION ALL SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, oid FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.to_regnamespace({schema_param})"""
+
+
+def _dependents_sql(schema_param: str, select: str, *, objects: str | None = None) -> str:
+    """Over the dependents (pg_depend: column defaults, constraints, types, views, triggers, policies; not function
+    bodies) of the relations, types and functions of the schema named by schema_param (or of the objects the
+    query `objects` returns, as (catalog, oid)), each with its schema."""
+    return f"""
+WITH ref (c, o) AS ({objects or _objects_sql(schema_param)}),
 dependent (classid, objid, objsubid) AS (
     SELECT DISTINCT d.classid, d.objid, d.objsubid FROM pg_catalog.pg_depend d JOIN ref ON d.refclassid = ref.c AND d.refobjid = ref.o
     WHERE d.deptype IN ('n', 'a')),
@@ -151,15 +158,30 @@ DEPENDS_ON_CATALOG_ANY_SQL = _dependents_sql("'pgidgen'", "SELECT EXISTS (SELECT
 #: Objects outside a shard's schema that depend on it (a view over its tables, a foreign key or a column default
 #: elsewhere): they cannot follow the shard to another database, and DROP SCHEMA ... CASCADE would drop them.
 #: Membership of publications is not such an object.
-OUTSIDE_DEPENDENTS_SQL = _dependents_sql("%(schema)s", """SELECT DISTINCT (x).type || ' ' || (x).identity FROM (
+_OUTSIDE = """SELECT DISTINCT (x).type || ' ' || (x).identity FROM (
     SELECT pg_catalog.pg_identify_object(CASE WHEN r.rulename = '_RETURN' THEN 'pg_catalog.pg_class'::pg_catalog.regclass ELSE o.classid END,
                                          coalesce(CASE WHEN r.rulename = '_RETURN' THEN r.ev_class END, o.objid),
                                          CASE WHEN r.rulename = '_RETURN' THEN 0 ELSE o.objsubid END) AS x  -- a view, rather than its rule
     FROM owner o LEFT JOIN pg_catalog.pg_rewrite r ON o.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND r.oid = o.objid
     WHERE o.schema IS DISTINCT FROM %(schema)s
       AND o.classid NOT IN ('pg_catalog.pg_publication_rel'::pg_catalog.regclass, pg_catalog.to_regclass('pg_catalog.pg_publication_namespace'))) d
-ORDER BY 1""")
+ORDER BY 1"""
+OUTSIDE_DEPENDENTS_SQL = _dependents_sql("%(schema)s", _OUTSIDE)
 
+
+#: The objects of each retired copy of a database (its relations, types and functions: _objects_sql), read in
+#: one pass over the catalogs, by shard and schema: cleanup's OUTSIDE_DEPENDENTS_OF_SQL of each copy takes them.
+RETIRED_OBJECTS_SQL = """
+WITH n AS (SELECT s.shard, s.schema_name, ns.oid FROM pgidgen.shards s JOIN pg_catalog.pg_namespace ns ON ns.nspname = s.schema_name
+           WHERE s.state = 'retired')
+SELECT n.shard, n.schema_name, 'pg_catalog.pg_proc'::pg_catalog.regclass::pg_catalog.oid, p.oid FROM pg_catalog.pg_proc p JOIN n ON p.pronamespace = n.oid
+UNION ALL SELECT n.shard, n.schema_name, 'pg_catalog.pg_type'::pg_catalog.regclass::pg_catalog.oid, t.oid FROM pg_catalog.pg_type t JOIN n ON t.typnamespace = n.oid
+UNION ALL SELECT n.shard, n.schema_name, 'pg_catalog.pg_class'::pg_catalog.regclass::pg_catalog.oid, c.oid FROM pg_catalog.pg_class c JOIN n ON c.relnamespace = n.oid
+"""
+
+#: OUTSIDE_DEPENDENTS_SQL of a schema whose objects are known (RETIRED_OBJECTS_SQL): pg_depend's index alone, no
+#: pass over pg_class, pg_type and pg_proc (which made a cleanup of N copies read those catalogs N times).
+OUTSIDE_DEPENDENTS_OF_SQL = _dependents_sql("%(schema)s", _OUTSIDE, objects="SELECT * FROM ROWS FROM (pg_catalog.unnest(%(classes)s::pg_catalog.oid[]), pg_catalog.unnest(%(oids)s::pg_catalog.oid[]))")
 
 #: OUTSIDE_DEPENDENTS_SQL for a batch's schemas at once: what depends on any of them from outside all of them.
 OUTSIDE_DEPENDENTS_ANY_SQL = OUTSIDE_DEPENDENTS_SQL.replace(
@@ -320,7 +342,6 @@ PARTITIONED_SQL = (
     " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ANY(%s) ORDER BY 1, 2"
 )
 
-
 def partitioned_of(conn: Any, schemas: Sequence[str]) -> dict[str, list[str]]:
     """Per schema, its partitioned tables (none: an empty list), in one query."""
     out: dict[str, list[str]] = {s: [] for s in schemas}
@@ -328,6 +349,12 @@ def partitioned_of(conn: Any, schemas: Sequence[str]) -> dict[str, list[str]]:
         out.setdefault(str(schema), []).append(str(name))
     return out
 
+
+#: The relations of the schemas n, found through pg_depend's index (each has a dependency on its schema: pg_class
+#: has no index on relnamespace, and a join on it reads all of pg_class, which grows with the shards).
+RELATIONS_OF = ("pg_catalog.pg_namespace n JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_namespace'::pg_catalog.regclass"
+                " AND d.refobjid = n.oid AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass"
+                " JOIN pg_catalog.pg_class c ON c.oid = d.objid AND c.relnamespace = n.oid")
 
 #: Per table of a schema: its columns (by name) and whether a publication holds it (engine._changed_tables).
 TABLES_AS_THEY_STAND_SQL = """
@@ -337,9 +364,9 @@ SELECT c.relname,
        c.relpersistence <> 'p'  -- unlogged: not published, copied in the pause (unlogged.py)
        OR EXISTS (SELECT FROM pg_catalog.pg_publication_rel pr JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
                   WHERE pr.prrelid = c.oid AND p.pubname = %(publication)s)
-FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+FROM {rels}
 WHERE n.nspname = %(schema)s AND c.relkind = 'r'
-"""
+""".replace("{rels}", RELATIONS_OF)
 
 
 #: TABLES_AS_THEY_STAND_SQL for a batch's schemas at once (one query inside the pause), the schema first.

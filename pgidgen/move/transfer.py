@@ -96,7 +96,7 @@ def plan_tables_of(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], t
     custom: set[tuple[str, str]] = set()
     for schema, table, column, is_custom in src.execute(
         "SELECT n.nspname, c.relname, a.attname, (CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END)::bigint >= %s"
-        " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+        f" FROM {q.RELATIONS_OF} JOIN pg_attribute a ON a.attrelid = c.oid"
         " JOIN pg_type t ON t.oid = a.atttypid"
         " WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''"
         " ORDER BY n.nspname, c.relname, a.attnum",
