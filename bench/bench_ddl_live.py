@@ -38,7 +38,7 @@ class App:
     def __init__(self, config: Config, where: dict[int, str]) -> None:
         self.config, self.where = config, where
         self.stop = threading.Event()
-        self.samples: list[tuple[float, float, str]] = []
+        self.samples: list[tuple[float, float, str, int]] = []
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self.loop, args=(i,)) for i in range(THREADS)]
 
@@ -65,7 +65,7 @@ class App:
                     conn.execute(f"SELECT count(*) FROM shard_{shard}.t").fetchone()
                 else:
                     conn.execute(f"INSERT INTO shard_{shard}.t (v) VALUES (1)")
-                mine.append((t0, time.monotonic() - t0, self.where[shard]))
+                mine.append((t0, time.monotonic() - t0, self.where[shard], shard))
                 time.sleep(0.002)
         finally:
             for c in conns.values():
@@ -74,7 +74,12 @@ class App:
                 self.samples.extend(mine)
 
     def between(self, start: float, end: float, database: str | None = None) -> list[float]:
-        return sorted(s for t0, s, db in self.samples if start <= t0 <= end and database in (None, db))
+        return sorted(s for t0, s, db, _ in self.samples if start <= t0 <= end and database in (None, db))
+
+    def slowest(self, start: float, end: float, n: int = 3) -> str:
+        """The n slowest queries: their shard, database, start (s after `start`) and ms."""
+        top = sorted((x for x in self.samples if start <= x[0] <= end), key=lambda x: -x[1])[:n]
+        return "; ".join(f"shard {sh} on {db} at {t0 - start:.1f} s: {d * 1000:.0f} ms" for t0, d, db, sh in top)
 
 
 def p99(values: list[float]) -> float:
@@ -117,7 +122,7 @@ def live_apply(config: Config, where: dict[int, str], blocked: int, column: str,
         t0 = time.monotonic()
         apply_ddl(config, parse_file(f"ALTER TABLE t ADD COLUMN {column} text;\n", f"{column}.sql"), commit_every=commit_every, atomic=atomic,
                   lock_policy=LockPolicy(lock_timeout=LOCK_TIMEOUT, wait=HOLD + 120),
-                  on_lock_wait=lambda name, shards, holders, waited: waits.append(waited))
+                  on_lock_wait=lambda name, shards, holders, waited: waits.append(time.monotonic()))
         t1 = time.monotonic()
         ended.wait()
     conn.close()
@@ -126,6 +131,8 @@ def live_apply(config: Config, where: dict[int, str], blocked: int, column: str,
     table([("apply-ddl " + how, f"{t1 - t0:.1f} s, {len(waits)} lock waits reported, {len(during)} app queries meanwhile"),
            ("completed once the transaction ended", f"{'yes' if t1 >= ended.at else 'NO (before it)'}, {t1 - ended.at:.2f} s after it;"
             f" column on {added(config, column)} of {SHARDS} shards")])
+    table([("the slowest queries", app.slowest(t0, t1)),
+           ("lock waits at (s)", ", ".join(f"{w - t0:.1f}" for w in waits[:12]))])
     if atomic:
         table([("note", "all or nothing across databases until the first lock wait: then db2, done, commits, and db1 goes on"
                          " in chunks of 50; db1's first try holds the shards it altered before the blocked one")])
