@@ -170,11 +170,13 @@ def test_refused_before_anything_is_written(source: str, two: Config, setup: str
 
 def test_dry_run_plans_and_writes_nothing(source: str, two: Config, tmp_path: Path) -> None:
     plan = plan_import(two, source, schema="public", key="user_id", skip=["countries"])
-    assert {t.name: t.filtered for t in plan.tables} == {"logs": True, "photos": False, "users": True}
+    assert {t.name: t.filtered for t in plan.tables} == {"logs": True, "photos": True, "users": True}
+    assert plan.full_identity == {"public.photos": "DEFAULT"}  # its primary key (id) lacks user_id: FULL meanwhile
     assert plan.targets == {"db1": list(range(8)), "db2": list(range(8, 16))}
     result = CliRunner().invoke(main, ["--config", _config_file(two, tmp_path), "import", source, "--key", "user_id", "--skip", "countries", "--dry-run"])
     assert result.exit_code == 0, result.output
     assert 'ATTACH PARTITION "shard_9"."users" FOR VALUES IN (9);' in result.output
+    assert "ALTER TABLE public.photos REPLICA IDENTITY FULL;" in result.output
     assert 'WHERE (((("user_id" % 16) + 16) % 16) BETWEEN 0 AND 7)' in result.output
     assert shard_filter("k", [0, 1, 2, 5, 7, 8]) == "k BETWEEN 0 AND 2 OR k = 5 OR k BETWEEN 7 AND 8"
     with psycopg.connect(source) as c:

@@ -64,6 +64,8 @@ def import_cmd(ctx: click.Context, source: str, schema: str, key: str | None, ke
                 click.echo(f"-- --ids next_id: every ID next_id() may return is >= {plan.id_bound} ({iso_ms(config.layout.decode(plan.id_bound)[0])});"
                            " every kept ID is below it (checked again at the cutover)")
                 click.echo(f"-- ===== every shard, with the source's schema =====\n{sqltext.ids_sql(plan).strip()}")
+            if plan.full_identity:
+                click.echo(f"-- ===== the source, for the import's time (their own given back at the end) =====\n{sqltext.identity_full_sql(plan).rstrip()}")
             for name in plan.targets:
                 click.echo(f"-- ===== database {name} ({len(plan.targets[name])} shards) =====")
                 click.echo((sqltext.staging_sql(plan, name) + settle.staging_all_sql(plan, name)).rstrip("\n"))

@@ -13,6 +13,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +31,10 @@ from ..lockwait import LockPolicy, with_lock_retries
 from . import settle, sqltext
 from .ids import prove
 from .keyof import KeyOf
-from .source import WORK_SCHEMA, ImportPlan, inspect
+from .source import WORK_SCHEMA, ImportPlan, TablePlan, inspect
 
+#: Detaches per transaction in the teardown, which runs while the application writes to the shards.
+DETACH_CHUNK = 50
 STEPS = ("started", "schema", "staging", "replicating", "copied", "frozen", "verified", "done")
 Say = Callable[[str], None]
 #: called at named points (after each step's work, before its journal line): tests stop an import there
@@ -106,7 +109,7 @@ def _run(config: Config, dsn: str, plan: ImportPlan, step: str, *, cutover: bool
     at = hook or (lambda _: None)
     with _source(dsn) as src:
         steps: list[tuple[str, Callable[[], None]]] = [
-            ("schema", lambda: _schema(config, dsn, plan, say)),
+            ("schema", lambda: _schema(config, dsn, src, plan, say)),
             ("staging", lambda: _staging(config, plan)),
             ("replicating", lambda: _replicating(config, dsn, src, plan)),
             ("copied", lambda: _wait_copied(config, src, plan, result, say)),
@@ -125,24 +128,30 @@ def _run(config: Config, dsn: str, plan: ImportPlan, step: str, *, cutover: bool
             at(f"after:{name}")
             _record(src, plan, name)
             result.step = step = name
-        if result.pause_s is not None:
-            result.pause_s = time.monotonic() - result.pause_s
+            if name == "verified" and result.pause_s is not None:  # the shards are open: the writes' pause ends here
+                result.pause_s = time.monotonic() - result.pause_s
+                say(f"import: verified; the shards are open after a write pause of {result.pause_s * 1000:.0f} ms: write through the Router")
     return result
 
 
-def _schema(config: Config, dsn: str, plan: ImportPlan, say: Say) -> None:
-    """The source's own schema, as pg_dump --schema-only writes it, applied to every shard (apply-ddl --from-schema)."""
-    with _source(dsn) as conn:
-        major = conn.info.server_version // 10000
-    tool = pgbin.clients_for(major).bindir / "pg_dump"
-    conninfo, env = tool_args(dsn)
-    argv = [str(tool), "--schema-only", "--no-owner", "--no-privileges", "-n", plan.schema, *[f"--exclude-table={sql.Identifier(plan.schema, t).as_string(None)}" for t in plan.skipped], "-d", conninfo]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise DatabaseError(f"pg_dump of the source's schema failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}",
-                            where="the source")
-    # pg_dump's \restrict lines carry a random key: without them a resumed import's dump is the recorded file again
-    text = re.sub(r"^\\(?:un)?restrict .*\n", "", done.stdout, flags=re.M) + sqltext.ids_sql(plan)
+def _schema(config: Config, dsn: str, src: psycopg.Connection[Any], plan: ImportPlan, say: Say) -> None:
+    """The source's own schema, as pg_dump --schema-only writes it, applied to every shard (apply-ddl --from-schema).
+    The dump is kept in the journal: a resumed import applies the same file (dumped again, it would differ: the
+    import sets some tables' replica identity FULL while it runs)."""
+    row = src.execute("SELECT dump FROM pgidgen_import.journal WHERE schema_name = %s", (plan.schema,)).fetchone()
+    text = row[0] if row is not None and row[0] is not None else None
+    if text is None:
+        tool = pgbin.clients_for(src.info.server_version // 10000).bindir / "pg_dump"
+        conninfo, env = tool_args(dsn)
+        argv = [str(tool), "--schema-only", "--no-owner", "--no-privileges", "-n", plan.schema,
+                *[f"--exclude-table={sql.Identifier(plan.schema, t).as_string(None)}" for t in plan.skipped], "-d", conninfo]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise DatabaseError(f"pg_dump of the source's schema failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}",
+                                where="the source")
+        # pg_dump's \restrict lines carry a random key, of no use to the shards
+        text = re.sub(r"^\\(?:un)?restrict .*\n", "", done.stdout, flags=re.M) + sqltext.ids_sql(plan)
+        src.execute("UPDATE pgidgen_import.journal SET dump = %s WHERE schema_name = %s", (text, plan.schema))
     parsed = parse_dump(text, f"import-{plan.schema}.sql", plan.schema)
     for line in parsed.summary:
         say(line)
@@ -168,6 +177,8 @@ def _staging(config: Config, plan: ImportPlan) -> None:
 
 
 def _replicating(config: Config, dsn: str, src: psycopg.Connection[Any], plan: ImportPlan) -> None:
+    if plan.full_identity:  # before the slots: every change they decode carries its whole old row
+        _on_source(src, plan, sqltext.identity_full_sql(plan))
     try:
         for name in plan.targets:
             slot = plan.slot(name)
@@ -183,6 +194,15 @@ def _replicating(config: Config, dsn: str, src: psycopg.Connection[Any], plan: I
         if conn.execute("SELECT FROM pg_catalog.pg_subscription WHERE subname = %s", (plan.slot(name),)).fetchone() is None:
             conn.execute(sqltext.subscription_sql(plan, name, dsn).encode())
     _each_target(config, plan, work, doing="subscribing to the source")
+
+
+def _on_source(src: psycopg.Connection[Any], plan: ImportPlan, script: str) -> None:
+    """ALTERs of the source's tables: under a short lock_timeout, retried (the application is not queued behind them)."""
+    try:
+        with_lock_retries(src, lambda c: execute_script(c, script), schemas=[plan.schema], where="the source")
+    except psycopg.Error as e:
+        raise DatabaseError(f"the source failed while setting its tables' replica identity: {pg_message(e)}",
+                            hint="fix what it says, then pgidgen import --resume (or --rollback)") from None
 
 
 def _lag(src: psycopg.Connection[Any], plan: ImportPlan) -> dict[str, int]:
@@ -261,21 +281,31 @@ def _verify(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, resu
             prove(src, config.layout, schema=plan.schema, columns=plan.id_columns, bound=plan.id_bound)
         except ConflictError as e:
             raise ConflictError(e.what, where=e.where, hint="the source's writes are stopped: pgidgen import --rollback lets them go on, nothing lost") from None
+    forms = {t.name: _by_text(src, plan, t) for t in plan.tables}
+
+    def target_side(name: str) -> dict[str, dict[int, tuple[int, int]]]:
+        with connect(name, config.dsn(name), autocommit=True) as conn:
+            try:
+                return {t.name: {int(r[0]): (int(r[1]), int(r[2]))
+                                 for r in _settled(conn, sqltext.shard_checksums_sql(plan, t.name, name, by_text=forms[t.name]))}
+                        for t in plan.tables}
+            except psycopg.Error as e:
+                raise DatabaseError(f"database {name} failed while being verified: {pg_message(e)}",
+                                    hint="fix what it says, then pgidgen import --resume (or --rollback)") from None
+
+    with ThreadPoolExecutor(max_workers=len(plan.targets)) as pool:  # the targets read while the source is
+        pending = {name: pool.submit(target_side, name) for name in plan.targets}
+        wants = {t.name: _settled(src, sqltext.checksum_sql(plan, t, by_text=forms[t.name])) for t in plan.tables}
+        haves = {name: f.result() for name, f in pending.items()}
     for t in plan.tables:
-        by_text = not _builtin_types(src, plan, t.name)
-        try:
-            rows = _settled(src, sqltext.checksum_sql(plan, t, by_text=by_text))
-        except psycopg.errors.UndefinedFunction:  # a column type without a hash function: the rows' text instead
-            by_text = True
-            rows = _settled(src, sqltext.checksum_sql(plan, t, by_text=True))
+        rows = wants[t.name]
         want = {int(r[0]): (int(r[1]), int(r[2])) for r in rows if r[0] is not None}
         orphans = sum(int(r[1]) for r in rows if r[0] is None)
         if orphans:
             problems.append(f"{orphans} rows of {plan.schema}.{t.name} have no {t.parent} row: they have no shard")
         result.verified[t.name] = sum(n for n, _ in want.values())
         for name in plan.targets:
-            with connect(name, config.dsn(name), autocommit=True) as conn:
-                have = {int(r[0]): (int(r[1]), int(r[2])) for r in _settled(conn, sqltext.shard_checksums_sql(plan, t.name, name, by_text=by_text))}
+            have = haves[name][t.name]
             for s in plan.targets[name]:
                 (n, sum_have), (m, sum_want) = have.get(s, (0, 0)), want.get(s, (0, 0))
                 if n != m:
@@ -285,6 +315,20 @@ def _verify(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, resu
     if problems:
         detail = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
         raise DatabaseError(f"verification failed: {detail}", hint="the source's writes are stopped: pgidgen import --rollback lets them go on, nothing lost")
+    _carry_sequences(config, src, plan)  # before the shards open
+
+
+def _by_text(src: psycopg.Connection[Any], plan: ImportPlan, t: TablePlan) -> bool:
+    """Whether a table is checksummed by its rows' text: a column type not built in, or one without a hash
+    function (json, point: hash_record_extended fails on the first row, tried here on one)."""
+    if not _builtin_types(src, plan, t.name):
+        return True
+    try:
+        with src.transaction():
+            src.execute(sql.SQL("SELECT pg_catalog.hash_record_extended(r, 0) FROM {} AS r LIMIT 1").format(sql.Identifier(plan.schema, t.name)))
+    except psycopg.errors.UndefinedFunction:
+        return True
+    return False
 
 
 def _builtin_types(src: psycopg.Connection[Any], plan: ImportPlan, table: str) -> bool:
@@ -304,20 +348,38 @@ def _settled(conn: psycopg.Connection[Any], query: str) -> list[tuple[Any, ...]]
         return conn.execute(query.encode()).fetchall()
 
 
-def _teardown(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, at: Hook) -> None:
-    """Replication gone, staging tables taken apart (the shards' tables stay), sequences carried over."""
-    _drop_replication(config, src, plan)
-    at("done:replication-dropped")
+def _carry_sequences(config: Config, src: psycopg.Connection[Any], plan: ImportPlan) -> None:
+    """Every shard's copy of the schema's sequences goes on from the source's value (frozen), before the shards open."""
     values = {}
     for seq in plan.sequences:
         row = src.execute(sql.SQL("SELECT last_value, is_called FROM {}").format(sql.Identifier(plan.schema, seq))).fetchone()
         if row is not None and row[1]:
             values[seq] = int(row[0])
+    if values:
+        _each_target(config, plan, lambda name, conn: execute_script(conn, sqltext.sequences_sql(plan, name, values)),
+                     doing="carrying the sequences over")
+
+
+def _teardown(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, at: Hook) -> None:
+    """After the shards opened (the application may write to them): replication gone, the shards' tables detached
+    from the staging tables in small transactions, each under a short lock_timeout and retried (a detach locks its
+    shard's table: the application waits at most one try), then the staging tables dropped."""
+    _drop_replication(config, src, plan)
+    if plan.full_identity:
+        _on_source(src, plan, sqltext.identity_restore_sql(plan))
+    at("done:replication-dropped")
 
     def work(name: str, conn: psycopg.Connection[Any]) -> None:
-        with conn.transaction():
-            execute_script(conn, sqltext.unstage_sql(plan, name, _attached(conn, plan)))
-            execute_script(conn, sqltext.sequences_sql(plan, name, values))
+        detach = sqltext.detach_sql(plan, name, _attached(conn, plan))
+        shards = [schema_name(s) for s in plan.targets[name]]
+        for i in range(0, len(detach), DETACH_CHUNK):
+            chunk = "\n".join(detach[i:i + DETACH_CHUNK])
+
+            def run(c: psycopg.Connection[Any], chunk: str = chunk) -> None:
+                execute_script(c, chunk)
+            with_lock_retries(conn, run, schemas=shards, where=f"database {name}")
+        with_lock_retries(conn, lambda c: execute_script(c, sqltext.drop_staging_sql(plan, name)), schemas=[plan.schema, WORK_SCHEMA],
+                          where=f"database {name}")
     _each_target(config, plan, work, doing="taking the staging tables apart")
 
 
@@ -367,6 +429,9 @@ def rollback_import(config: Config, source_dsn: str, *, schema: str, say: Say = 
         if step == "done":
             raise ConflictError(f"the import of schema {schema} is done", where="the source",
                                 hint="the shards are authoritative now; there is no rollback after the cutover")
+        if step == "verified":
+            raise ConflictError(f"the import of schema {schema} has cut over: the shards are open and may hold new writes", where="the source",
+                                hint="there is no rollback after the cutover: finish it with pgidgen import --resume SOURCE (it takes the staging tables apart)")
         say("import: rolling back")
         _drop_replication(config, src, plan)
 
@@ -379,6 +444,8 @@ def rollback_import(config: Config, source_dsn: str, *, schema: str, say: Say = 
                        for t in plan.tables for s in plan.targets[name]):
                     execute_script(conn, sqltext.empty_shards_sql(plan, name))
         _each_target(config, plan, work, doing="rolling back")
+        if plan.full_identity:
+            _on_source(src, plan, sqltext.identity_restore_sql(plan))
         with src.transaction():
             execute_script(src, sqltext.unfreeze_sql(plan))
             src.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(WORK_SCHEMA)))

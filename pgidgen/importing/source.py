@@ -4,7 +4,7 @@ What is read: the schema's tables, each one's key column, replica identity and s
 the shards must continue from; the shard map (which database serves which shards). What is refused, each with one
 line: a source below PostgreSQL 15 or not at wal_level=logical, a role that may not publish or make slots, a table
 without the key column (route it with --key-of, keyof.py, or --skip it), a key column that is not an integer or holds NULLs, a table with no
-primary key or replica identity, a table that is partitioned, a target database that already has a table of that
+primary key or replica identity, a target database that already has a table of that
 name in that schema, or shards that hold rows of those tables already; with --ids next_id, an ID column narrower than
 bigint and an existing ID that next_id() could make again (ids.py).
 """
@@ -74,6 +74,9 @@ class ImportPlan:
     identity: list[str] = field(default_factory=list)
     #: every ID next_id() may return is >= this (the proof, made before anything is written and again at the cutover)
     id_bound: int | None = None
+    #: source relations whose replica identity lacks the key, set to FULL for the import (a DELETE's old row must
+    #: carry the key, or a target could not find its shard), with the clause that gives theirs back at the end
+    full_identity: dict[str, str] = field(default_factory=dict)
 
     def slot(self, database: str) -> str:
         """The slot, publication and subscription name for one target: prefixed, findable, unique per source."""
@@ -110,6 +113,20 @@ ORDER BY c.relname
 """
 
 
+#: a table and its partitions whose replica identity is not FULL, each with the clause of its own
+_IDENTITIES_SQL = """
+SELECT pg_catalog.format('%%I.%%I', n.nspname, c.relname),
+       CASE c.relreplident WHEN 'd' THEN 'DEFAULT' WHEN 'n' THEN 'NOTHING' ELSE pg_catalog.format('USING INDEX %%I',
+         (SELECT ic.relname FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid
+           WHERE i.indrelid = c.oid AND i.indisreplident)) END
+FROM (SELECT relid, level FROM pg_catalog.pg_partition_tree(%(rel)s::pg_catalog.regclass)  -- none for a plain table
+      UNION SELECT %(rel)s::pg_catalog.regclass, 0) t JOIN pg_catalog.pg_class c ON c.oid = t.relid
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relreplident <> 'f' AND c.relkind IN ('r', 'p')
+ORDER BY t.level, 1
+"""
+
+
 def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key: str, skip: Sequence[str], follow: bool,
             ids: str | None = None, key_of: dict[str, KeyOf] | None = None) -> ImportPlan:
     """The plan, or the first refusal: reads the source and the shard map; writes nothing anywhere."""
@@ -124,7 +141,8 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
         raise InputError(f"--skip names {', '.join(unknown)}, not a table of schema {schema}", hint="give the tables' names as \\dt lists them")
     pks = check_key_of(source, schema=schema, key=key, routes=routes, tables=sorted(names), skip=skip, has_key={r[0]: r[3] is not None for r in rows})
     tables: list[TablePlan] = []
-    for name, kind, ident, typ, ident_cols, owns, est, size in rows:
+    full_identity: dict[str, str] = {}
+    for name, _kind, ident, typ, ident_cols, owns, est, size in rows:
         if name in skip:
             continue
         where = f"{schema}.{name}"
@@ -133,8 +151,6 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
                              hint=f"route it through its parent with --key-of {name}=COLUMN:PARENT.PARENTCOL, or leave it out with --skip {name}")
         if typ is not None and typ not in INTEGER_TYPES:
             raise InputError(f"{where}.{key} is {typ}, not an integer", where="the source", hint="pgidgen import routes integer keys (shard = key % shard count)")
-        if kind == "p":
-            raise InputError(f"table {where} is partitioned", where="the source", hint=f"import does not take partitioned tables yet: --skip {name}")
         if ident == "n" or (ident in ("d", "i") and not ident_cols):
             raise InputError(f"table {where} has no primary key or replica identity", where="the source",
                              hint=f"its updates could not be carried over: add a primary key, or ALTER TABLE {where} REPLICA IDENTITY USING INDEX <a unique index on NOT NULL columns>")
@@ -145,7 +161,10 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
             k = routes[name]
             tables.append(TablePlan(name, False, int(est), int(size), k.column, k.parent, k.parent_column, pks[name]))
             continue
-        tables.append(TablePlan(name, ident == "f" or key in (ident_cols or []), int(est), int(size)))
+        tables.append(TablePlan(name, True, int(est), int(size)))
+        if ident != "f" and key not in (ident_cols or []):
+            for rel, clause in source.execute(_IDENTITIES_SQL, {"rel": sql.Identifier(schema, name).as_string(source)}).fetchall():
+                full_identity[str(rel)] = str(clause)
     for t in tables:
         if t.parent:
             continue
@@ -162,7 +181,8 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
     if not m.ok or m.shard_count is None:
         raise ConfigError("the shard map is not whole: " + "; ".join(m.problems + list(m.unreachable.values())), hint="run pgidgen status, fix it, then import")
     targets = {n: sorted(s) for n, s in sorted(m.databases.items()) if s}
-    plan = ImportPlan(schema, key, m.shard_count, int(oid[0]), tables, targets, sorted(skip), sequences, follow=follow, ids=ids)
+    plan = ImportPlan(schema, key, m.shard_count, int(oid[0]), tables, targets, sorted(skip), sequences, follow=follow, ids=ids,
+                      full_identity=full_identity)
     if ids is not None:
         _plan_ids(config, source, plan)
     plan.make_schema = [n for n in targets if _check_target(config, n, plan)]

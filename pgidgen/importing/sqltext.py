@@ -44,7 +44,7 @@ def journal_sql() -> str:
     w = _q(WORK_SCHEMA)
     return (
         f"CREATE SCHEMA {w};\n"
-        f"CREATE TABLE {w}.journal (schema_name text PRIMARY KEY, step text NOT NULL, plan jsonb NOT NULL,"
+        f"CREATE TABLE {w}.journal (schema_name text PRIMARY KEY, step text NOT NULL, plan jsonb NOT NULL, dump text,"
         f" started_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz NOT NULL DEFAULT now());\n"
         f"CREATE TABLE {w}.heartbeat (token text PRIMARY KEY, at timestamptz NOT NULL DEFAULT now());\n"
     )
@@ -78,7 +78,8 @@ def publication_sql(plan: ImportPlan, database: str) -> str:
             member += f" WHERE ({shard_filter(expr, plan.targets[database])})"
         members.append(member)
     members.append(_q(WORK_SCHEMA, "heartbeat"))
-    return f"CREATE PUBLICATION {_q(plan.slot(database))} FOR TABLE {', '.join(members)};\n"
+    # a partitioned table's changes as its own (not its partitions'): the staging table of its name routes them
+    return f"CREATE PUBLICATION {_q(plan.slot(database))} FOR TABLE {', '.join(members)} WITH (publish_via_partition_root = true);\n"
 
 
 def slot_sql(plan: ImportPlan, database: str) -> str:
@@ -128,8 +129,8 @@ def drop_subscription_sql(name: str) -> str:
     return f"ALTER SUBSCRIPTION {q} DISABLE;\nALTER SUBSCRIPTION {q} SET (slot_name = NONE);\nDROP SUBSCRIPTION {q};\n"
 
 
-def unstage_sql(plan: ImportPlan, database: str, attached: list[str] | None = None) -> str:
-    """The staging tables taken apart: shards' tables detached (never dropped with their parent), the rest dropped.
+def detach_sql(plan: ImportPlan, database: str, attached: list[str] | None = None) -> list[str]:
+    """The shards' tables detached from the staging tables (never dropped with their parent), a statement each.
     attached: partitions found attached (resume, rollback), else all the plan's."""
     out = []
     for t in plan.tables:
@@ -138,11 +139,21 @@ def unstage_sql(plan: ImportPlan, database: str, attached: list[str] | None = No
             part = _q(schema_name(s), t.name)
             if attached is None or part in attached:
                 out.append(f"ALTER TABLE {parent} DETACH PARTITION {part};")
-        out.append(f"DROP TABLE IF EXISTS {parent};")
+    return out
+
+
+def drop_staging_sql(plan: ImportPlan, database: str) -> str:
+    """Once the shards' tables are detached: the staging tables, their catch-alls and pgidgen's schema dropped."""
+    out = [f"DROP TABLE IF EXISTS {_q(plan.schema, t.name)};" for t in plan.tables]
     out.append(f"DROP SCHEMA IF EXISTS {_q(WORK_SCHEMA)} CASCADE;")
     if database in plan.make_schema:
         out.append(f"DROP SCHEMA IF EXISTS {_q(plan.schema)};")
     return "\n".join(out) + "\n"
+
+
+def unstage_sql(plan: ImportPlan, database: str, attached: list[str] | None = None) -> str:
+    """The staging tables taken apart in one go (a rollback's, and --dry-run's)."""
+    return "".join(d + "\n" for d in detach_sql(plan, database, attached)) + drop_staging_sql(plan, database)
 
 
 def empty_shards_sql(plan: ImportPlan, database: str) -> str:
@@ -209,3 +220,16 @@ def shard_checksums_sql(plan: ImportPlan, table: str, database: str, *, by_text:
     """A target's side: (shard, rows, checksum) for each of its shards' tables."""
     return "\nUNION ALL ".join(f"SELECT {s}::int, {_checksum('pgidgen_row', by_text)} FROM {_q(schema_name(s), table)} AS pgidgen_row"
                                for s in plan.targets[database]) + ";\n"
+
+
+def identity_full_sql(plan: ImportPlan) -> str:
+    """The source tables whose replica identity lacks the key (a bigserial primary key) send whole old rows while
+    the import runs: a target finds a DELETE's shard by the key in it (else the partitioning would route it to the
+    catch-all, and the row would stay), and the publication can filter them by shard."""
+    return "".join(f"ALTER TABLE {rel} REPLICA IDENTITY FULL;\n" for rel in plan.full_identity)
+
+
+def identity_restore_sql(plan: ImportPlan) -> str:
+    """Their replica identity as it was before the import."""
+    return "".join(f"ALTER TABLE {rel} REPLICA IDENTITY {clause};\n" for rel, clause in plan.full_identity.items())
+
