@@ -28,9 +28,9 @@ def test_async_writers_keep_working_across_move_shard(config: Config, tmp_path: 
     write_config(path, config.layout, config.databases)
     example = ROOT / "examples" / "photos_async.py"
     writer = subprocess.Popen([sys.executable, str(example), "--config", str(path), "write", "--users", str(USERS),
-                               "--first-user", "11", "--seconds", "8"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               "--first-user", "11", "--seconds", "16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     moved: dict[str, object] = {}
-    time.sleep(1.5)
+    time.sleep(1.5)  # the move starts 1.5 s into the writers' 16 s (a loaded CI machine's move took over 6 s)
     mover = threading.Thread(target=lambda: moved.setdefault("report", move_shard(config, 13 % SHARDS, "db3")))
     mover.start()
     out, err = writer.communicate(timeout=120)
