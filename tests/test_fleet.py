@@ -89,7 +89,7 @@ def test_status_counts_retired_copies_and_cleanup_drops_them_by_age(config: Conf
 def test_cleanup_finds_what_depends_on_a_copy_from_the_objects_it_read_once(config: Config) -> None:
     """cleanup reads every retired copy's objects in one pass (retired_objects) and then looks only in pg_depend's
     index per copy: that finds what the per-copy pass over the catalogs finds, whatever kind of object depends."""
-    from pgidgen.move import sqltext as q
+    from pgidgen.move import depsql as dq
     from pgidgen.move.cleanup import retired_objects
 
     setup_shards(config, rows=5)
@@ -103,8 +103,8 @@ def test_cleanup_finds_what_depends_on_a_copy_from_the_objects_it_read_once(conf
         objects = retired_objects(c)
         assert sorted(objects) == [0, 1] and objects[0][0] == copies[0]
         for shard, schema in copies.items():
-            whole = [r[0] for r in c.execute(q.OUTSIDE_DEPENDENTS_SQL, {"schema": schema})]
-            indexed = [r[0] for r in c.execute(q.OUTSIDE_DEPENDENTS_OF_SQL, {"schema": schema, "classes": objects[shard][1], "oids": objects[shard][2]})]
+            whole = [r[0] for r in c.execute(dq.OUTSIDE_DEPENDENTS_SQL, {"schema": schema})]
+            indexed = [r[0] for r in c.execute(dq.OUTSIDE_DEPENDENTS_OF_SQL, {"schema": schema, "classes": objects[shard][1], "oids": objects[shard][2]})]
             assert indexed == whole and bool(whole) == (shard == 0), (shard, whole, indexed)
 
 

@@ -16,7 +16,7 @@ from pgidgen.cli import main
 from pgidgen.config import Config
 from pgidgen.errors import ConflictError
 from pgidgen.move import CopyProgress, MoveError, MoveOptions, cleanup, move_shard, rollback_move, verify_move
-from pgidgen.move.sqltext import DEPENDS_ON_CATALOG_SQL
+from pgidgen.move.depsql import DEPENDS_ON_CATALOG_SQL
 from pgidgen.move.transfer import plan_tables
 from pgidgen.shardmap import read_map
 

@@ -2,6 +2,7 @@
 
 - context.py   finding the shard and the read-only checks before a move
 - sqltext.py   every statement a move runs, rendered as text (the dry run prints these)
+- depsql.py    the catalog checks' SQL: what a shard owns, what depends on it from outside, what it uses, its grants
 - journal.py   the journal on the source database: each step recorded before it runs
 - engine.py    the driver: checks, journal, the steps in order; resume and rollback; a set of shards in batches
 - batches.py   how a set of shards is cut into batches (estimated pause, lock table)

@@ -9,6 +9,7 @@ import psycopg
 from ..config import Config
 from ..db import connect
 from ..errors import ConflictError
+from . import depsql as dq
 from . import sqltext as q
 from .context import MoveError, describe_dependents, outside_dependents, read_states
 from .journal import MEMBER_SQL, MoveRecord, has_journal, open_move, record_from_row, retired_names
@@ -70,7 +71,7 @@ CopyObjects = tuple[str, list[int], list[int]]
 def retired_objects(conn: psycopg.Connection[Any]) -> dict[int, CopyObjects]:
     """The objects of every retired copy of this database, by shard, in one pass over the catalogs."""
     out: dict[int, CopyObjects] = {}
-    for shard, schema, classid, oid in conn.execute(q.RETIRED_OBJECTS_SQL):
+    for shard, schema, classid, oid in conn.execute(dq.RETIRED_OBJECTS_SQL):
         _, classes, oids = out.setdefault(int(shard), (str(schema), [], []))
         classes.append(int(classid))
         oids.append(int(oid))
@@ -87,7 +88,7 @@ def drop_copy(conn: psycopg.Connection[Any], name: str, shard: int, *, only: str
         if row is None or (only is not None and row[0] != only):
             return None
         if objects is not None and objects[0] == row[0]:
-            found = [str(r[0]) for r in conn.execute(q.OUTSIDE_DEPENDENTS_OF_SQL, {"schema": row[0], "classes": objects[1], "oids": objects[2]})]
+            found = [str(r[0]) for r in conn.execute(dq.OUTSIDE_DEPENDENTS_OF_SQL, {"schema": row[0], "classes": objects[1], "oids": objects[2]})]
         else:
             found = outside_dependents(conn, row[0])
         if found:

@@ -25,6 +25,7 @@ from ..errors import ConfigError, ConflictError, DatabaseError, InputError, Pgid
 from ..idgen import schema_name
 from ..layout import Layout
 from ..ranges import collapse
+from . import depsql as dq
 from . import sqltext as q
 from .identity import IDENTITY_COLUMNS_SQL, Change, Identity, Keys, for_move, keys_of, movable, unequal_columns
 from .journal import POINT_OF_NO_RETURN, MoveRecord, lock_holder, open_move, open_moves
@@ -423,7 +424,7 @@ def check_owners(ctxs: list[ShardContext], src: psycopg.Connection[Any], conn: p
 
 
 def outside_dependents(conn: psycopg.Connection[Any], schema: str, *, prepare: bool | None = None) -> list[str]:
-    return [str(r[0]) for r in conn.execute(q.OUTSIDE_DEPENDENTS_SQL, {"schema": schema}, prepare=prepare)]
+    return [str(r[0]) for r in conn.execute(dq.OUTSIDE_DEPENDENTS_SQL, {"schema": schema}, prepare=prepare)]
 
 
 def describe_dependents(found: list[str]) -> str:
@@ -444,7 +445,7 @@ def check_outside_dependents(ctx: ShardContext, src: psycopg.Connection[Any]) ->
 def check_external_references(ctx: ShardContext, src: psycopg.Connection[Any], tgt: psycopg.Connection[Any]) -> None:
     """What the shard's objects use outside its schema (a table its foreign key references, a type, a function)
     exists on the target too: otherwise the copy fails halfway, with the source's replication slot in place."""
-    _refuse_missing([ctx], _missing_references(src, tgt, q.EXTERNAL_REFERENCES_SQL, {"schema": ctx.schema}), tgt)
+    _refuse_missing([ctx], _missing_references(src, tgt, dq.EXTERNAL_REFERENCES_SQL, {"schema": ctx.schema}), tgt)
 
 
 def _refuse_missing(ctxs: list[ShardContext], missing: list[tuple[str, str | None, str | None]], tgt: psycopg.Connection[Any]) -> None:
@@ -515,7 +516,7 @@ def check_batch(ctxs: list[ShardContext], src: psycopg.Connection[Any], tgt: psy
         check_external_references(ctxs[0], src, tgt)
         return
     ctx, schemas = ctxs[0], [c.schema for c in ctxs]
-    found = [str(r[0]) for r in src.execute(q.OUTSIDE_DEPENDENTS_ANY_SQL, {"schemas": schemas})]
+    found = [str(r[0]) for r in src.execute(dq.OUTSIDE_DEPENDENTS_ANY_SQL, {"schemas": schemas})]
     if found:
         raise MoveError(
             f"objects outside {_what(ctxs)} on {ctx.source} depend on them and cannot move with them: {describe_dependents(found)}",
@@ -529,7 +530,7 @@ def check_batch(ctxs: list[ShardContext], src: psycopg.Connection[Any], tgt: psy
             hint=f"create {'them' if len(missing) > 1 else 'it'} on {ctx.target} (roles belong to the server, not the database), then move",
         )
     check_owners(ctxs, src, tgt, target=True)
-    _refuse_missing(ctxs, _missing_references(src, tgt, q.EXTERNAL_REFERENCES_ANY_SQL, {"schemas": schemas}), tgt)
+    _refuse_missing(ctxs, _missing_references(src, tgt, dq.EXTERNAL_REFERENCES_ANY_SQL, {"schemas": schemas}), tgt)
 
 
 def check_no_other_moves(conn: psycopg.Connection[Any], ctx_source: str, shards: list[int]) -> None:

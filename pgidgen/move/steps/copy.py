@@ -11,6 +11,7 @@ import psycopg
 from ...db import connect, execute_script, pg_message, server_encoding
 from ...errors import ConflictError, PgidgenError
 from ...versions import has
+from .. import depsql as dq
 from .. import sqltext as q
 from ..casts import casts_sql
 from ..context import MoveError
@@ -169,14 +170,14 @@ class CopySteps(MoverBase):
         objects pg_dump's script creates, or take some away: make the owners' grants the source's again."""
         with self.admin.transaction():  # names schema-qualified alike on both sides
             self.admin.execute("SET LOCAL search_path = ''")
-            source = {tuple(r) for r in self.admin.execute(q.OWNER_GRANTS_SQL, {"schema": source_schema})}
+            source = {tuple(r) for r in self.admin.execute(dq.OWNER_GRANTS_SQL, {"schema": source_schema})}
 
         def target() -> set[tuple[Any, ...]]:
             self.tgt.execute("SET LOCAL search_path = ''")
-            return {tuple(r) for r in self.tgt.execute(q.OWNER_GRANTS_SQL, {"schema": schema})}
+            return {tuple(r) for r in self.tgt.execute(dq.OWNER_GRANTS_SQL, {"schema": schema})}
 
-        execute_script(self.tgt, q.revoke_grants_sql(schema, source, target()))
-        execute_script(self.tgt, q.grant_missing_sql(schema, source, target()))
+        execute_script(self.tgt, dq.revoke_grants_sql(schema, source, target()))
+        execute_script(self.tgt, dq.grant_missing_sql(schema, source, target()))
 
     def _match_grants_of_batch(self) -> None:
         """_match_grants for every schema of a batch: four catalog reads in all instead of three per shard."""
@@ -185,16 +186,16 @@ class CopySteps(MoverBase):
         def read(conn: psycopg.Connection[Any]) -> dict[str, set[tuple[Any, ...]]]:
             conn.execute("SET LOCAL search_path = ''")
             out: dict[str, set[tuple[Any, ...]]] = {s: set() for s in schemas}
-            for r in conn.execute(q.OWNER_GRANTS_MANY_SQL, {"schemas": schemas}):
+            for r in conn.execute(dq.OWNER_GRANTS_MANY_SQL, {"schemas": schemas}):
                 out[r[0]].add(tuple(r[1:]))
             return out
 
         with self.admin.transaction():
             source = read(self.admin)
         theirs = read(self.tgt)
-        execute_script(self.tgt, "\n".join(q.revoke_grants_sql(s, source[s], theirs[s]) for s in schemas))
+        execute_script(self.tgt, "\n".join(dq.revoke_grants_sql(s, source[s], theirs[s]) for s in schemas))
         theirs = read(self.tgt)
-        execute_script(self.tgt, "\n".join(q.grant_missing_sql(s, source[s], theirs[s]) for s in schemas))
+        execute_script(self.tgt, "\n".join(dq.grant_missing_sql(s, source[s], theirs[s]) for s in schemas))
 
     def _copy_progress(self) -> Callable[[str, int], None] | None:
         """Rows as the source's COPY reports them (pg_stat_progress_copy), at most every 0.1 s."""

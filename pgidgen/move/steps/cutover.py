@@ -9,6 +9,7 @@ import psycopg
 
 from ...db import connect, execute_script
 from ...ddl.drift import ITEMS_SQL, schema_items
+from .. import depsql as dq
 from .. import sqltext as q
 from ..context import MoveError, describe_dependents, outside_dependents
 from ..journal import retired_names
@@ -114,7 +115,7 @@ class CutoverSteps(MoverBase):
                 # (a view, a grant, a function) could slip in after a check made in the pause just the same.
                 my_items = schema_items_many(src, schemas)
                 outside = outside_dependents(src, schemas[0]) if len(schemas) == 1 else \
-                    [str(r[0]) for r in src.execute(q.OUTSIDE_DEPENDENTS_ANY_SQL, {"schemas": schemas})]
+                    [str(r[0]) for r in src.execute(dq.OUTSIDE_DEPENDENTS_ANY_SQL, {"schemas": schemas})]
                 src.rollback()
         finally:
             reading.join()

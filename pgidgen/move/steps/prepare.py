@@ -16,6 +16,7 @@ from ...idgen import CATALOG_REVISION, CATALOG_REVISION_SQL, INIT_LOCK, LOCK_CLA
 from ...layout import Layout
 from ...redact import scrub
 from ...render import static_sql
+from .. import depsql as dq
 from .. import sqltext as q
 from ..casts import casts_sql
 from ..context import MoveError
@@ -99,7 +100,7 @@ class PrepareSteps(MoverBase):
     def _shard_depends_on_catalog(self) -> bool:
         """Whether any object of the batch's schemas depends on one in the pgidgen schema (a column DEFAULT or a
         CHECK calling a pgidgen function, a pgidgen type, ...): then the catalog must exist before the schemas."""
-        row = self.admin.execute(q.DEPENDS_ON_CATALOG_ANY_SQL, {"schemas": [c.source_schema or c.schema for c in self.ctxs]}).fetchone()
+        row = self.admin.execute(dq.DEPENDS_ON_CATALOG_ANY_SQL, {"schemas": [c.source_schema or c.schema for c in self.ctxs]}).fetchone()
         return bool(row and row[0])
 
     def dump_schema(self) -> bytes:
