@@ -39,12 +39,17 @@ INSERT INTO countries VALUES ('fr'), ('jp');
 """
 
 
+def source_database(server: TestServer, script: str) -> Iterator[str]:
+    """A fresh database on server holding script's tables and rows (a source to import)."""
+    for dsn in fresh_database(server):
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(script)
+        yield dsn
+
+
 @pytest.fixture
 def source(pg_servers: list[TestServer]) -> Iterator[str]:
-    for dsn in fresh_database(pg_servers[0]):
-        with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute(SOURCE)
-        yield dsn
+    yield from source_database(pg_servers[0], SOURCE)
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from conftest import TestServer, fresh_database
+from conftest import TestServer
 from movekit import leftovers
-from test_import import SHARDS, two  # noqa: F401
+from test_import import SHARDS, source_database, two  # noqa: F401
 
 from pgidgen.config import Config
 from pgidgen.importing import resume_import, start_import
@@ -30,10 +30,7 @@ INSERT INTO events (user_id, at, what) SELECT 1 + g % 40, date '2025-12-20' + g 
 
 @pytest.fixture
 def source(pg_servers: list[TestServer]) -> Iterator[str]:
-    for dsn in fresh_database(pg_servers[0]):
-        with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute(SOURCE)
-        yield dsn
+    yield from source_database(pg_servers[0], SOURCE)
 
 
 def test_a_partitioned_table_is_imported_partitioned_in_every_shard(source: str, two: Config) -> None:  # noqa: F811
