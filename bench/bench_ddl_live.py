@@ -30,6 +30,7 @@ SHARDS = int(os.environ.get("PGIDGEN_BENCH_LIVE_SHARDS", "200"))
 HOLD = float(os.environ.get("PGIDGEN_BENCH_HOLD", "5"))
 LOCK_TIMEOUT = 0.2
 THREADS = 2
+SEED = 200
 
 
 class App:
@@ -115,8 +116,19 @@ def added(config: Config, column: str) -> int:
     return n
 
 
+def autovacuum_runs(config: Config) -> int:
+    """Autovacuum's vacuums and analyzes of the shards' tables so far, over every database."""
+    n = 0
+    for dsn in config.databases.values():
+        with psycopg.connect(dsn) as conn:
+            r = conn.execute("SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_user_tables WHERE schemaname LIKE 'shard%%'").fetchone()
+            n += int(r[0]) if r else 0
+    return n
+
+
 def live_apply(config: Config, where: dict[int, str], blocked: int, column: str, commit_every: int | None, atomic: bool = False) -> None:
     waits: list[float] = []
+    autovacuum = autovacuum_runs(config)
     conn, ended = blocker(config, blocked)
     with App(config, where) as app:
         t0 = time.monotonic()
@@ -132,7 +144,8 @@ def live_apply(config: Config, where: dict[int, str], blocked: int, column: str,
            ("completed once the transaction ended", f"{'yes' if t1 >= ended.at else 'NO (before it)'}, {t1 - ended.at:.2f} s after it;"
             f" column on {added(config, column)} of {SHARDS} shards")])
     table([("the slowest queries", app.slowest(t0, t1)),
-           ("lock waits at (s)", ", ".join(f"{w - t0:.1f}" for w in waits[:12]))])
+           ("lock waits at (s)", ", ".join(f"{w - t0:.1f}" for w in waits[:12])),
+           ("autovacuum runs on shard tables meanwhile", str(autovacuum_runs(config) - autovacuum))])
     if atomic:
         table([("note", "all or nothing across databases until the first lock wait: then db2, done, commits, and db1 goes on"
                          " in chunks of 50; db1's first try holds the shards it altered before the blocked one")])
@@ -150,6 +163,11 @@ def run() -> None:
         init(config, SHARDS)
         where = {s: name for name, shards in spread(SHARDS, list(config.databases)).items() for s in shards}
         apply_ddl(config, parse_file("CREATE TABLE t (id bigint PRIMARY KEY DEFAULT next_id(), v int);\n", "t.sql"))
+        for name, dsn in config.databases.items():  # ids 1..SEED: below any next_id()
+            with psycopg.connect(dsn, autocommit=True) as c:
+                c.execute("".join(f"INSERT INTO shard_{s}.t (id, v) SELECT g, g FROM generate_series(1, {SEED}) g;"
+                                  for s, n in where.items() if n == name).encode())
+                c.execute(b"VACUUM ANALYZE")
         blocked = max(s for s, name in where.items() if name == "db1")
         section(f"ALTER TABLE ADD COLUMN on {SHARDS} shards over 2 databases; shard_{blocked}'s table read by a transaction open {HOLD:.0f} s;"
                 f" lock timeout {LOCK_TIMEOUT * 1000:.0f} ms")
