@@ -20,6 +20,7 @@ import psycopg
 from common import client, psql, row, section, servers
 
 from pgidgen.config import Config
+from pgidgen.idgen import render_shard
 from pgidgen.init import init
 from pgidgen.layout import Layout
 from pgidgen.sandbox import Server
@@ -35,6 +36,7 @@ SESSIONS = (1, 2, 4, 8)
 
 PER_ID = {
     "shard_1.next_id()": "next_id (pgidgen)",
+    "shard_15.next_id()": "next_id, seqlock generator (PL/pgSQL of its own)",
     "nextval('public.bare_seq')": "bare nextval",
     "gen_random_uuid()": "gen_random_uuid()",
     "insta5.next_id()": "Instagram's published PL/pgSQL",
@@ -105,6 +107,7 @@ def pgbench_tps(server: Server, table: str, tmp: Path, mode: str) -> float:
 PGBENCH_TABLES = (
     ("t_bigserial", "id bigserial PRIMARY KEY", "bigserial key"),
     ("t_next_id", "id bigint PRIMARY KEY DEFAULT shard_1.next_id()", "DEFAULT shard_1.next_id() key"),
+    ("t_seqlock", "id bigint PRIMARY KEY DEFAULT shard_15.next_id()", "DEFAULT next_id() key, seqlock generator"),
     ("t_uuid", "id uuid PRIMARY KEY DEFAULT gen_random_uuid()", "uuid key (gen_random_uuid)"),
     ("t_plpgsql", "id bigint PRIMARY KEY DEFAULT public.plpgsql_nextval()", "DEFAULT one-line PL/pgSQL nextval"),
 )
@@ -144,7 +147,12 @@ def run() -> None:
         server = srv[0]
         dsn = server.dsn
         tmp = Path(tmp_dir)
-        init(Config(layout=Layout.make(), databases={"db1": dsn}), 16)
+        layout = Layout.make()
+        init(Config(layout=layout, databases={"db1": dsn}), 16)
+        with psycopg.connect(dsn, autocommit=True) as conn:  # shard 15 made again by the seqlock generator (shards before it)
+            conn.execute("DROP SCHEMA shard_15 CASCADE")
+            conn.execute("DELETE FROM pgidgen.shards WHERE shard = 15")
+            conn.execute(render_shard(layout, 15, generator="seqlock").encode())
         psql(dsn, file=HERE / "instagram.sql")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE SEQUENCE public.bare_seq")

@@ -103,7 +103,9 @@ def read_state(conn: psycopg.Connection[Any], *, schemas: bool = True, shard: in
                EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'pgidgen_counter' AND c.relkind = 'S')
            AND EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'pgidgen_offset' AND c.relkind = 'S')
            AND EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid AND p.proname = 'next_id' AND p.pronargdefaults = p.pronargs)  -- callable as next_id()
-           AND EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid AND p.proname = 'pgidgen_locked_next_id' AND p.pronargs = 0),
+           AND (EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid AND p.proname = 'pgidgen_locked_next_id' AND p.pronargs = 0)  -- seqlock's
+                OR EXISTS (SELECT 1 FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang  -- the shared generator's: pgidgen.next_id_of()
+                           WHERE p.pronamespace = n.oid AND p.proname = 'next_id' AND l.lanname = 'sql')),
                EXISTS (SELECT 1 FROM pg_class c JOIN pg_sequence s ON s.seqrelid = c.oid
                        WHERE c.relnamespace = n.oid AND c.relname IN ('pgidgen_counter', 'pgidgen_offset') AND s.seqcache <> 1)
         FROM pg_namespace n WHERE n.nspname ~ '^shard_(0|[1-9][0-9]*)$' AND (%(only)s::text IS NULL OR n.nspname = %(only)s)

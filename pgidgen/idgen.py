@@ -1,9 +1,12 @@
 """Where IDs are made: rendering the catalog and each shard's schema, sequences and next_id().
 
-Schema `shard_N` holds the user's tables and four pgidgen objects: sequences `pgidgen_counter` and
-`pgidgen_offset`, the function `next_id()` (its parameters' defaults are the fast path's reads: call it without
-arguments) and its slow path `pgidgen_locked_next_id()` (SECURITY DEFINER, so application roles need no UPDATE on
-the sequences). Before installing a generator on a database, init (and move-shard, on a database without a
+Schema `shard_N` holds the user's tables and pgidgen's objects: sequences `pgidgen_counter` and `pgidgen_offset`
+and the function `next_id()`, whose parameters' defaults are the fast path's reads (call it without arguments).
+With the default generator, "shared", next_id() is a SQL function the planner inlines into the calling statement:
+it hands the shard number and those reads to `pgidgen.next_id_of()`, whose slow path is
+`pgidgen.locked_next_id(N)` (SECURITY DEFINER, so application roles need no UPDATE on the sequences), so a
+session holds one set of PL/pgSQL plans for every shard. With "seqlock" (shards made before it) each shard has
+both functions of its own, `next_id()` and `pgidgen_locked_next_id()`, in PL/pgSQL. Before installing a generator on a database, init (and move-shard, on a database without a
 catalog) checks that the server evaluates function defaults in order (`check_argument_order`). The generator
 state (the largest ID handed out) is `pgidgen.last_id(N)`; `pgidgen.advance_generator(N, id)` makes every future
 ID of shard N greater than `id` (what a shard move carries across). docs/next_id.md has the argument.
@@ -37,9 +40,13 @@ INIT_RUN_LOCK = -2
 #: A write's claim of shard N (pgidgen.claim_shard, sql/catalog.sql) holds (LOCK_CLASS, CLAIM_LOCK_BASE - N) shared
 #: until its transaction ends; a move's cutover takes it exclusively before it retires the shard.
 CLAIM_LOCK_BASE = -1073741824
-#: The generator templates; the layout and shard number are rendered into them.
-GENERATORS = {"seqlock": "generators/seqlock.sql.j2"}
-DEFAULT_GENERATOR = "seqlock"
+#: The generator templates; the layout and shard number are rendered into them. "shared" keeps the work in the
+#: catalog's pgidgen.next_id_of() and pgidgen.locked_next_id() (generators/shared_catalog.sql.j2), which every
+#: catalog has: seqlock's PL/pgSQL in each shard left 18 cached plans per shard in every session that wrote to it
+#: (35,000 and 540 MB for 2000 shards), each checked by PostgreSQL for every relation invalidated, so an
+#: application connection stalled for seconds while a migration or autovacuum ran (docs/next_id.md, "Cost").
+GENERATORS = {"seqlock": "generators/seqlock.sql.j2", "shared": "generators/shared.sql.j2"}
+DEFAULT_GENERATOR = "shared"
 #: When next_id()'s slow path finds a busy shard's time field just behind the clock (by one millisecond: the shard
 #: drew IDs in every millisecond of its time field), it raises it to LEAD_MS ahead of the clock rather than to the
 #: clock, so the generator lock is taken once per LEAD_MS + 1 ms of activity instead of every millisecond
@@ -59,8 +66,8 @@ def schema_name(shard: int) -> str:
 #: the layout (negative, or wider than its fields) instead of masking it into another ID's fields; 7: pgidgen.claim
 #: remembers a shard it found served until pgidgen.map_version moves, and claim_fence makes a change that takes a
 #: shard out of service take its claim lock (what keeps that true); 8: pgidgen.shard_for_key, the Router's
-#: key -> shard rule in SQL.
-CATALOG_REVISION = 8
+#: key -> shard rule in SQL; 9: pgidgen.next_id_of and pgidgen.locked_next_id, the shared generator's functions.
+CATALOG_REVISION = 9
 #: The installed catalog's revision, as a SQL expression (1 when the comment is missing).
 CATALOG_REVISION_SQL = ("coalesce(substring(obj_description(to_regprocedure('pgidgen.min_id(timestamptz)'), 'pg_proc')"
                         " FROM 'revision ([0-9]+)')::int, 1)")
@@ -73,9 +80,10 @@ def render_catalog(layout: Layout, *, shard_count: int, generator: str = DEFAULT
         f"VALUES ({layout.epoch_ms}, {layout.time_bits}, {layout.shard_bits}, {layout.sequence_bits}, {shard_count}, "
         f"{literal(generator)}, {literal(__version__)}) ON CONFLICT (singleton) DO NOTHING;\n"
     )
+    runs_out = iso_ms(layout.epoch_ms + (1 << layout.time_bits))
     return static_sql("catalog.sql") + "\n" + row + render(
-        "catalog_functions.sql.j2", L=layout, shard_count=shard_count, lock_class=LOCK_CLASS, runs_out=iso_ms(layout.epoch_ms + (1 << layout.time_bits))
-    ) + f"COMMENT ON FUNCTION pgidgen.min_id(pg_catalog.timestamptz) IS 'pgidgen catalog revision {CATALOG_REVISION}';\n"
+        "catalog_functions.sql.j2", L=layout, shard_count=shard_count, lock_class=LOCK_CLASS, runs_out=runs_out
+    ) + render("generators/shared_catalog.sql.j2", L=layout, lock_class=LOCK_CLASS, lead_ms=LEAD_MS, runs_out=runs_out) + f"COMMENT ON FUNCTION pgidgen.min_id(pg_catalog.timestamptz) IS 'pgidgen catalog revision {CATALOG_REVISION}';\n"
 
 
 def render_shard(layout: Layout, shard: int, *, grant_roles: Sequence[str] = (), generator: str = DEFAULT_GENERATOR) -> str:

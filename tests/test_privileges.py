@@ -138,7 +138,8 @@ def test_a_least_privileged_role_inits_applies_ddl_and_moves(owner: Owner, tmp_p
         # the least-privileged alternative: an offline move, under the same writer
         r, writer = _move_under_writer(o, 1, "db2", "--offline")
         _assert_moved(o, r, writer, 1, before, "db2")
-    assert o.cli("status", "--drift").exit_code == 0
+    drift = o.cli("status", "--drift")
+    assert drift.exit_code == 0, drift.output
     # the Router, as the same role: it reads the map (and LISTENs) on both databases, writes where the shard is now
     with Router.from_config(str(o.path)) as router:
         new_id = router.run(1, lambda c: c.execute("INSERT INTO shard_1.t (v) VALUES (-1) RETURNING id").fetchone()[0])
