@@ -9,16 +9,18 @@ Defaults are small (a few minutes here); BENCH_ONLINE_SHARDS=2000 BENCH_ONLINE_R
 """
 from __future__ import annotations
 
+import collections
+import multiprocessing
 import os
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from common import row, section, servers, table
@@ -33,31 +35,74 @@ ROWS = int(os.environ.get("BENCH_ONLINE_ROWS", "20000"))
 BASELINE_S = float(os.environ.get("BENCH_ONLINE_BASELINE_S", "3"))
 
 
-class Writer(threading.Thread):
-    """One row at a time into shard after shard; the gaps between inserts, and any error."""
+def _write(dsns: dict[str, str], shards: dict[str, list[int]], stop: Any, out: Any) -> None:
+    """The application: its own process (as an app is; a thread here would share apply-ddl's interpreter), one row
+    at a time into shard after shard; sends back (end time, gap) of each insert and the errors."""
+    conns = {n: psycopg.connect(dsn, autocommit=True, application_name="bench-writer") for n, dsn in dsns.items()}
+    targets = [(conns[n], s) for n, ss in shards.items() for s in ss]
+    gaps: list[tuple[float, float]] = []
+    errors: list[str] = []
+    last, i = time.time(), 0
+    while not stop.is_set():
+        conn, s = targets[i % len(targets)]
+        i += 1
+        try:
+            conn.execute(f"INSERT INTO shard_{s}.items (v) VALUES ({i})".encode())
+        except psycopg.Error as e:
+            errors.append(str(e).splitlines()[0])
+        now = time.time()
+        gaps.append((now, now - last))
+        last = now
+    out.send((gaps, errors))
+
+
+def _sample(dsns: dict[str, str], stop: Any, out: Any) -> None:
+    """What the writer's backend is doing, every 10 ms: (server time, state, wait event, database)."""
+    conns = {n: psycopg.connect(dsn, autocommit=True) for n, dsn in dsns.items()}
+    seen: list[tuple[float, str, str, str]] = []
+    while not stop.is_set():
+        for n, c in conns.items():
+            for t, state, wait in c.execute(
+                    "SELECT extract(epoch FROM clock_timestamp())::float8, state, coalesce(wait_event_type || ':' || wait_event, 'CPU')"
+                    " FROM pg_stat_activity WHERE application_name = 'bench-writer'"):
+                seen.append((t, state, wait if state == "active" else "-", n))
+        time.sleep(0.01)
+    out.send(seen)
+
+
+class Writer:
+    """The writer and the sampler of its backend, each in a process of its own."""
 
     def __init__(self, config: Config, shards: dict[str, list[int]]) -> None:
-        super().__init__(daemon=True)
-        self.config, self.shards, self.stop = config, shards, threading.Event()
+        ctx = multiprocessing.get_context("fork")
+        self.stop = ctx.Event()
+        (self._wr, self._ww), (self._sr, self._sw) = ctx.Pipe(False), ctx.Pipe(False)
+        dsns = dict(config.databases)
+        self.procs = [ctx.Process(target=_write, args=(dsns, shards, self.stop, self._ww)),
+                      ctx.Process(target=_sample, args=(dsns, self.stop, self._sw))]
         self.gaps: list[float] = []
+        self.timed_gaps: list[tuple[float, float]] = []
         self.errors: list[str] = []
+        self.samples: list[tuple[float, str, str, str]] = []
 
-    def run(self) -> None:
-        conns = {n: psycopg.connect(dsn, autocommit=True) for n, dsn in self.config.databases.items()}
-        targets = [(conns[n], s) for n, shards in self.shards.items() for s in shards]
-        last, i = time.perf_counter(), 0
-        while not self.stop.is_set():
-            conn, s = targets[i % len(targets)]
-            i += 1
-            try:
-                conn.execute(f"INSERT INTO shard_{s}.items (v) VALUES ({i})".encode())
-            except psycopg.Error as e:
-                self.errors.append(str(e).splitlines()[0])
-            now = time.perf_counter()
-            self.gaps.append(now - last)
-            last = now
-        for c in conns.values():
-            c.close()
+    def start(self) -> None:
+        for p in self.procs:
+            p.start()
+
+    def join(self) -> None:
+        self.timed_gaps, self.errors = self._wr.recv()
+        self.samples = self._sr.recv()
+        for p in self.procs:
+            p.join()
+        self.gaps = [g for _, g in self.timed_gaps]
+
+    def longest(self, n: int) -> list[tuple[float, str]]:
+        """The n longest gaps, each with what the writer's backend was seen doing during it (sampled every 10 ms)."""
+        out = []
+        for end, gap in sorted(self.timed_gaps, key=lambda x: -x[1])[:n]:
+            seen = collections.Counter(f"{state}/{wait}@{db}" for t, state, wait, db in self.samples if end - gap <= t <= end)
+            out.append((gap, ", ".join(f"{k} x{v}" for k, v in seen.most_common(4)) or "no sample"))
+        return out
 
 
 def measure(config: Config, shards: dict[str, list[int]], during: object) -> Writer:
@@ -130,27 +175,61 @@ def run() -> None:
         row("apply-ddl (all shards, both databases in parallel)", took[0], "s")
         table([("writer inserts during the build / errors", f"{len(build.gaps)} / {len(build.errors + base.errors)}"),
                ("valid / invalid items_v_idx", "{} / {}".format(*valid_indexes(config, "items_v_idx")))])
+        print("  the writer's longest gaps during the build, and its backend meanwhile (state/wait event@database, every 10 ms):")
+        for gap, seen in build.longest(5):
+            print(f"    {gap * 1000:9.1f} ms  {seen}")
+        table([("the databases' size / this machine's memory", f"{_database_bytes(config) / 2**30:.1f} / {_memory_bytes() / 2**30:.1f} GiB")])
+
+        # one build at a time (--jobs 1) instead of both databases at once: half the reads competing with the writer's
+        (tmp / "idx_v_desc.sql").write_text("CREATE INDEX CONCURRENTLY items_v_desc_idx ON items (v DESC);\n")
+        took1: list[float] = []
+        one = measure(config, shards, lambda: took1.append(_timed_apply(config, tmp / "idx_v_desc.sql", jobs=1)))
+        row("writer: p99 gap during a build with --jobs 1", ms(one.gaps, 0.99), "ms", median * 1000, "median")
+        row("writer: max gap during a build with --jobs 1", max(one.gaps) * 1000, "ms", max(build.gaps) * 1000, "max, both at once")
+        row("apply-ddl --jobs 1", took1[0], "s", took[0], "both at once")
+        for gap, seen in one.longest(3):
+            print(f"    {gap * 1000:9.1f} ms  {seen}")
 
         section("the apply of a second index killed halfway (SIGKILL), then run again")
         write_config(tmp / "pgidgen.toml", config.layout, dict(config.databases))
         (tmp / "idx_note.sql").write_text("CREATE INDEX CONCURRENTLY items_note_idx ON items (note);\n")
         cmd = [sys.executable, "-m", "pgidgen", "--config", str(tmp / "pgidgen.toml"), "apply-ddl", str(tmp / "idx_note.sql"), "--json"]
+        position = _last_position(config) + 1  # the ledger's position of this file
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        while proc.poll() is None and ledger(config, 3) < SHARDS // 2:
+        while proc.poll() is None and ledger(config, position) < SHARDS // 2:
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        done_before = ledger(config, 3)
+        done_before = ledger(config, position)
         left = valid_indexes(config, "items_note_idx")
         again = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         table([("shards recorded when killed", f"{done_before} of {SHARDS}"),
                ("valid / invalid items_note_idx when killed", "{} / {}".format(*left)),
                ("second run's exit status", str(again.returncode)),
                ("valid / invalid items_note_idx after it", "{} / {}".format(*valid_indexes(config, "items_note_idx"))),
-               ("shards recorded after it", f"{ledger(config, 3)} of {SHARDS}")])
+               ("shards recorded after it", f"{ledger(config, position)} of {SHARDS}")])
 
 
-def _timed_apply(config: Config, path: Path) -> float:
+def _timed_apply(config: Config, path: Path, jobs: int | None = None) -> float:
     t0 = time.perf_counter()
-    apply_ddl(config, read_file(path))
+    apply_ddl(config, read_file(path), jobs=jobs)
     return time.perf_counter() - t0
+
+
+def _database_bytes(config: Config) -> int:
+    total = 0
+    for dsn in config.databases.values():
+        with psycopg.connect(dsn) as conn:
+            got = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+            total += int(got[0]) if got else 0
+    return total
+
+
+def _last_position(config: Config) -> int:
+    with psycopg.connect(next(iter(config.databases.values()))) as conn:
+        got = conn.execute("SELECT coalesce(max(position), 0) FROM pgidgen.ddl_ledger").fetchone()
+        return int(got[0]) if got else 0
+
+
+def _memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
