@@ -39,6 +39,7 @@ from .context import (
 )
 from .identity import journal_form
 from .journal import Journal, MoveRecord, lock_holder, open_move, release, retired_names, try_lock_all
+from .schemacache import SchemaCache, cache_for
 from .steps.activate import ActivateStep
 from .steps.base import (
     Background,
@@ -105,26 +106,31 @@ def move_shards(
     pacer, queue = plan_batches(config, ctxs, opts)
     by_shard = {c.shard: c for c in ctxs}
     reports: list[MoveReport] = []
-    while queue and not (should_stop is not None and should_stop()):
-        batch = queue.pop(0)
-        try:
-            report = _move_batch(config, batch.ctxs, target, opts, progress, hook, should_stop)
-        except NotStarted:
-            break  # a Ctrl-C before the batch wrote anything: it is not in flight, so it does not start
-        except PauseExceeded:
-            if len(batch.ctxs) == 1:
-                raise
-            rollback_move(config, batch.ctxs[0].shard)  # nothing flipped: the source serves them all as before
-            if on_rollback is not None:
-                on_rollback([c.shard for c in batch.ctxs])
-            half = len(batch.ctxs) // 2
-            queue[:0] = [Batch(_fresh(batch.ctxs[:half]), 0.0, 0, batch.costs[:half]), Batch(_fresh(batch.ctxs[half:]), 0.0, 0, batch.costs[half:])]
-            continue
-        if report.pause_ms is not None and pacer.measured(batch, report.pause_ms / 1000) and queue:
-            queue = pacer.cut([c for b in queue for c in b.costs], by_shard)  # the rest, cut again by what the pause was
-        reports.append(report)
-        if on_batch is not None:
-            on_batch(report)
+    cache = None if opts.offline else cache_for(config.dsn(ctxs[0].source), queue, pacer.lock_budget)
+    try:
+        while queue and not (should_stop is not None and should_stop()):
+            batch = queue.pop(0)
+            try:
+                report = _move_batch(config, batch.ctxs, target, opts, progress, hook, should_stop, cache)
+            except NotStarted:
+                break  # a Ctrl-C before the batch wrote anything: it is not in flight, so it does not start
+            except PauseExceeded:
+                if len(batch.ctxs) == 1:
+                    raise
+                rollback_move(config, batch.ctxs[0].shard)  # nothing flipped: the source serves them all as before
+                if on_rollback is not None:
+                    on_rollback([c.shard for c in batch.ctxs])
+                half = len(batch.ctxs) // 2
+                queue[:0] = [Batch(_fresh(batch.ctxs[:half]), 0.0, 0, batch.costs[:half]), Batch(_fresh(batch.ctxs[half:]), 0.0, 0, batch.costs[half:])]
+                continue
+            if report.pause_ms is not None and pacer.measured(batch, report.pause_ms / 1000) and queue:
+                queue = pacer.cut([c for b in queue for c in b.costs], by_shard)  # the rest, cut again by what the pause was
+            reports.append(report)
+            if on_batch is not None:
+                on_batch(report)
+    finally:
+        if cache is not None:
+            cache.close()
     return reports
 
 
@@ -205,6 +211,7 @@ def _move_batch(
     progress: Callable[[CopyProgress], None] | None,
     hook: Hook | None,
     should_stop: Callable[[], bool] | None = None,
+    cache: SchemaCache | None = None,
 ) -> MoveReport:
     """One batch: the checks (a Ctrl-C that comes before the journal is written stops it there, NotStarted: the
     batch in flight a Ctrl-C lets finish is one that has written something), the journal, then the Mover."""
@@ -249,7 +256,11 @@ def _move_batch(
             # tables it creates. It starts once the shards are this process's (its table locks must not hold up
             # another mover's freeze) and only reads: a move the checks refuse stops it (finally). (Its processes
             # start on this thread: they die with the thread that started them, see transfer._spawn.)
-            early = SchemaDump(config.dsn(ctx.source), [c.schema for c in ctxs], encoding=server_encoding(admin), sections=COPY_SECTIONS)
+            # A set move's later batches take their part of its one dump when it is read and their schemas are
+            # unchanged since (schemacache.py).
+            early = cache.take(admin, [c.schema for c in ctxs]) if cache is not None else None
+            if early is None:
+                early = SchemaDump(config.dsn(ctx.source), [c.schema for c in ctxs], encoding=server_encoding(admin), sections=COPY_SECTIONS)
             # whether the target's server can log in to the source as the subscription will (check_servers asks
             # for the answer in its turn): 10-20 ms, most of it the target connecting to the source
             conninfo = conninfo_for_subscription(opts.subscription_conninfo or config.dsn(ctx.source), admin)
