@@ -277,18 +277,24 @@ class SchemaCache:
 
 def cache_for(source_dsn: str, batches: Sequence[Batch], lock_budget: int) -> SchemaCache | None:
     """The cache of a set move cut into batches: the shards of all but the first (that one dumps its own while
-    the cache reads the rest), in runs whose tables (each locked by pg_dump) take at most half of a batch's share
-    of the lock table (the cache's dump runs beside a batch). None for a move of one batch."""
+    the cache reads the rest). The runs double: the first holds the second batch's shards (read by the time that
+    batch starts: the first batch's own dump is no faster), the next two batches', then four...; a run's tables
+    (pg_dump locks each) take at most half of a batch's share of the lock table (it runs beside a batch).
+    None for a move of one batch."""
     if len(batches) < 2:
         return None
     runs: list[list[str]] = []
-    locks = 0
-    for b in batches[1:]:
-        for ctx, cost in zip(b.ctxs, b.costs, strict=True):
-            need = max(1, cost.tables)
-            if not runs or (runs[-1] and locks + need > max(1, lock_budget // 2)):
-                runs.append([])
-                locks = 0
-            runs[-1].append(ctx.schema)
-            locks += need
+    rest, size = list(batches[1:]), 1
+    while rest:
+        group, rest, size = rest[:size], rest[size:], size * 2
+        runs.append([])
+        locks = 0
+        for b in group:
+            for ctx, cost in zip(b.ctxs, b.costs, strict=True):
+                need = max(1, cost.tables)
+                if runs[-1] and locks + need > max(1, lock_budget // 2):
+                    runs.append([])
+                    locks = 0
+                runs[-1].append(ctx.schema)
+                locks += need
     return SchemaCache(source_dsn, runs)
