@@ -44,7 +44,8 @@ def test_a_dump_cut_by_schema_is_what_pg_dump_prints_of_those_schemas(fresh_dsns
     try:
         assert cache.parts[0].done.wait(60) and cache.parts[0].sections is not None, cache.parts[0].error
         for subset in (["shard_2"], ["shard_1", "shard_3"]):
-            cut = schemacache.CachedDump([(cache.parts[0], set(subset))], subset)
+            cut = schemacache.CachedDump(dsn, [(cache.parts[0], set(subset))], subset, encoding="UTF8")
+            assert cut.served()
             alone = SchemaDump(dsn, subset, encoding="UTF8", sections=COPY_SECTIONS)
             try:
                 for section in COPY_SECTIONS:
@@ -53,7 +54,7 @@ def test_a_dump_cut_by_schema_is_what_pg_dump_prints_of_those_schemas(fresh_dsns
                     assert {s for s in RICH if f"{s}.".encode() in mine} == set(subset), (subset, section)
             finally:
                 alone.close()
-        assert b"CREATE TABLE shard_2.accounts" in schemacache.CachedDump([(cache.parts[0], {"shard_2"})], ["shard_2"]).section("pre-data")
+        assert b"CREATE TABLE shard_2.accounts" in schemacache.CachedDump(dsn, [(cache.parts[0], {"shard_2"})], ["shard_2"], encoding="UTF8").section("pre-data")
     finally:
         cache.close()
 
@@ -85,7 +86,7 @@ def _recording(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], bool]]:
             if set(p.schemas) & set(schemas):
                 p.done.wait(60)
         got = take(self, conn, schemas)
-        taken.append((list(schemas), got is not None))
+        taken.append((list(schemas), got is not None and got.served()))
         return got
 
     monkeypatch.setattr(schemacache.SchemaCache, "take", waiting_take)

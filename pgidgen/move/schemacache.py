@@ -186,20 +186,67 @@ class _Part:
 
 
 class CachedDump(SchemaDump):
-    """A batch's part of the cache, read as a SchemaDump is (section, close): no process of its own."""
+    """A batch's part of the cache, read as a SchemaDump is (section, close). Whether its schemas still stand as
+    the cache read them is asked on a thread of its own, beside the batch's checks (the catalog query takes some
+    0.3 s at 8192 shards); when one changed, that thread runs the batch's own pg_dump, and section() is its."""
 
-    def __init__(self, parts: list[tuple[_Part, set[str]]], schemas: Sequence[str]) -> None:  # noqa: D107 - no pg_dump to start
+    def __init__(self, source_dsn: str, parts: list[tuple[_Part, set[str]]], schemas: Sequence[str], *, encoding: str) -> None:  # noqa: D107
+        self.dsn = source_dsn
         self._parts = parts
+        self._schemas = list(schemas)
+        self.encoding = encoding
         self.schema = schemas[0] if len(schemas) == 1 else f"{schemas[0]} and {len(schemas) - 1} more schemas"
         self.sections = COPY_SECTIONS
         self.dump = None
         self.printing = {}
         self.tee = None
+        self._ok = False
+        self._own: SchemaDump | None = None
+        self._scripts: dict[str, bytes] = {}
+        self._error: BaseException | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self._check = threading.Thread(target=self._verify, daemon=True)  # its pg_dump dies with it (transfer._spawn)
+        self._check.start()
+
+    def _verify(self) -> None:
+        try:
+            with connect("the source", self.dsn, autocommit=True) as conn:
+                now = fingerprints(conn, self._schemas)
+            prints = {s: p.prints.get(s) for p, mine in self._parts for s in mine}
+            if all(now.get(s) is not None and now[s] == prints.get(s) for s in self._schemas):
+                self._ok = True
+                return
+            with self._lock:
+                if self._closed:
+                    return
+                own = self._own = SchemaDump(self.dsn, self._schemas, encoding=self.encoding, sections=COPY_SECTIONS)
+            try:
+                self._scripts = {s: own.section(s) for s in COPY_SECTIONS}
+            finally:
+                own.close()
+        except BaseException as e:  # noqa: BLE001 - section() raises it
+            self._error = e
+
+    def served(self) -> bool:
+        """Whether the cache's part served (else the batch's own pg_dump did): once the check is done."""
+        self._check.join()
+        return self._ok
 
     def close(self) -> None:
-        self._parts = []
+        with self._lock:
+            self._closed = True
+            own = self._own
+        if own is not None:
+            own.close()
+        self._check.join()
 
     def section(self, section: str) -> bytes:
+        self._check.join()
+        if self._error is not None:
+            raise self._error
+        if not self._ok:
+            return self._scripts[section]
         state: dict[bytes, bytes] = {}
         body = b"".join(p.sections[section].part(mine, state) for p, mine in self._parts if p.sections is not None)
         first = next(p.sections[section] for p, _ in self._parts if p.sections is not None)
@@ -251,8 +298,9 @@ class SchemaCache:
         part.sections = {s: SplitScript.parse(text, part.schemas) for s, text in scripts.items()}
 
     def take(self, conn: psycopg.Connection[Any], schemas: Sequence[str]) -> CachedDump | None:
-        """The dump of schemas from the cache, if every one is in a part read already and unchanged since; else
-        None (the caller dumps them itself: a batch never waits for the cache)."""
+        """The dump of schemas from the cache, if every one is in a part read already (else None: the caller dumps
+        them itself; a batch never waits for the cache). It checks on a thread of its own that they are unchanged
+        since, else dumps them afresh (CachedDump)."""
         parts: dict[int, tuple[_Part, set[str]]] = {}
         for s in schemas:
             part = self._of.get(s)
@@ -262,10 +310,7 @@ class SchemaCache:
         for part, _ in parts.values():
             if not part.done.is_set() or part.sections is None:
                 return None
-        now = fingerprints(conn, schemas)
-        if any(now.get(s) is None or now[s] != self._of[s].prints.get(s) for s in schemas):
-            return None
-        return CachedDump(sorted(parts.values(), key=lambda p: self.parts.index(p[0])), schemas)
+        return CachedDump(self.dsn, sorted(parts.values(), key=lambda p: self.parts.index(p[0])), schemas, encoding=server_encoding(conn))
 
     def close(self) -> None:
         self._stop.set()
