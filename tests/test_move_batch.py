@@ -356,6 +356,23 @@ def test_the_dry_runs_forecast_follows_the_pacer() -> None:
     assert [len(b) for b in Pacer(None, 100_000).run_through(costs, ratio=0.1)] == [680]  # offline: by locks only
 
 
+def test_batches_cut_down_to_one_shard_grow_again_when_pauses_allow() -> None:
+    """An outlier's pause can cut a move's batches down to one shard; the pauses of one-shard batches must count,
+    or the move goes on one shard a batch to its end (a rebalance of 8192 shards did, for 39 minutes)."""
+    from pgidgen.move.batches import Pacer, ShardCost
+
+    costs = [ShardCost(i, 2, 8) for i in range(400)]
+    pacer = Pacer(1.0, 100_000)
+    pacer.scale = 30.0  # after outliers: one shard a batch
+    sizes = []
+    while costs:
+        batch = pacer.cut(costs, {c.shard: None for c in costs})[0]  # type: ignore[misc]
+        sizes.append(len(batch.costs))
+        costs = costs[len(batch.costs):]
+        pacer.measured(batch, 0.06 + 0.01 * len(batch.costs))  # the pauses: 10 ms a shard
+    assert sizes[0] == 1 and max(sizes) >= 40, sizes
+
+
 def test_a_set_move_that_fails_after_some_batches_reports_them_and_the_rest(config: Config, config_file: Path) -> None:
     """The command line prints the batches that moved before the error, and the error says what moved and what
     moves the rest (it said only the failing batch's error, so the moved shards looked unmoved)."""
