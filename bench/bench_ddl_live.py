@@ -17,7 +17,7 @@ import threading
 import time
 
 import psycopg
-from common import row, section, servers, table
+from common import row, section, servers, summed, table
 
 from pgidgen.config import Config
 from pgidgen.ddl import parse_file
@@ -107,23 +107,14 @@ def blocker(config: Config, shard: int) -> tuple[psycopg.Connection[tuple[int]],
 
 
 def added(config: Config, column: str) -> int:
-    n = 0
-    for dsn in config.databases.values():
-        with psycopg.connect(dsn) as conn:
-            r = conn.execute("SELECT count(*) FROM pg_attribute WHERE attname = %s AND NOT attisdropped"
-                             " AND attrelid::regclass::text LIKE 'shard_%%.t'", (column,)).fetchone()
-            n += int(r[0]) if r else 0
-    return n
+    return summed(config.databases.values(), "SELECT count(*) FROM pg_attribute WHERE attname = %s AND NOT attisdropped"
+                  " AND attrelid::regclass::text LIKE 'shard_%%.t'", (column,))
 
 
 def autovacuum_runs(config: Config) -> int:
     """Autovacuum's vacuums and analyzes of the shards' tables so far, over every database."""
-    n = 0
-    for dsn in config.databases.values():
-        with psycopg.connect(dsn) as conn:
-            r = conn.execute("SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_user_tables WHERE schemaname LIKE 'shard%%'").fetchone()
-            n += int(r[0]) if r else 0
-    return n
+    return summed(config.databases.values(),
+                  "SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_user_tables WHERE schemaname LIKE 'shard%%'")
 
 
 def live_apply(config: Config, where: dict[int, str], blocked: int, column: str, commit_every: int | None, atomic: bool = False) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from common import row, section, servers, table
+from common import row, section, servers, summed, table
 
 from pgidgen.config import Config, write_config
 from pgidgen.ddl.apply import apply_ddl, read_file
@@ -217,12 +217,7 @@ def _timed_apply(config: Config, path: Path, jobs: int | None = None) -> float:
 
 
 def _database_bytes(config: Config) -> int:
-    total = 0
-    for dsn in config.databases.values():
-        with psycopg.connect(dsn) as conn:
-            got = conn.execute("SELECT pg_database_size(current_database())").fetchone()
-            total += int(got[0]) if got else 0
-    return total
+    return summed(config.databases.values(), "SELECT pg_database_size(current_database())")
 
 
 def _last_position(config: Config) -> int:

@@ -5,9 +5,10 @@ import os
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from pgidgen import pgbin, sandbox
 
@@ -135,3 +136,15 @@ def row(label: str, value: float, unit: str, baseline: float | None = None, base
 def table(rows: Sequence[tuple[str, str]]) -> None:
     for a, b in rows:
         print(f"  {a:<48} {b}", flush=True)
+
+
+def summed(dsns: Iterable[str], query: str, params: Sequence[Any] = ()) -> int:
+    """query's one number on each database, added up."""
+    import psycopg
+
+    n = 0
+    for dsn in dsns:
+        with psycopg.connect(dsn) as conn:
+            r = conn.execute(query.encode(), params).fetchone()
+            n += int(r[0]) if r and r[0] is not None else 0
+    return n
