@@ -62,7 +62,6 @@ class SplitScript:
     head: bytes
     entries: list[_Entry]
     tail: bytes
-    schemas: set[str] = field(default_factory=set)
 
     @classmethod
     def parse(cls, script: bytes, schemas: Sequence[str]) -> SplitScript:
@@ -83,7 +82,7 @@ class SplitScript:
             taken = dict(state)
             text = _without_state(lines[i: starts[n + 1] if n + 1 < len(starts) else end], state)
             entries.append(_Entry(owner, kind, text, taken))
-        return cls(head, entries, b"\n".join(lines[end:]), wanted)
+        return cls(head, entries, b"\n".join(lines[end:]))
 
     def part(self, schemas: set[str], state: dict[bytes, bytes]) -> bytes:
         """The entries of schemas, in order, each under the state it was printed under (state: what the script
