@@ -28,7 +28,8 @@ from ..ddl.dumpfile import parse_dump
 from ..errors import ConflictError, DatabaseError, InputError
 from ..idgen import schema_name
 from ..lockwait import LockPolicy, with_lock_retries
-from . import settle, sqltext
+from . import ahead, settle, sqltext
+from .ahead import Ahead
 from .ids import prove
 from .keyof import KeyOf
 from .source import WORK_SCHEMA, ImportPlan, TablePlan, inspect
@@ -48,12 +49,16 @@ class ImportResult:
     pause_s: float | None = None
     verified: dict[str, int] = field(default_factory=dict)  # table -> rows checked
     lag_bytes: dict[str, int] = field(default_factory=dict)
+    #: the verification's rounds ahead of the pause, and the keys the pause compared (None: it compared every row)
+    ahead: Ahead | None = field(default=None, repr=False)
+    pause_checked: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"schema": self.plan.schema, "key": self.plan.key, "step": self.step, "pause_s": self.pause_s,
                 "tables": [t.name for t in self.plan.tables], "skipped": self.plan.skipped,
                 "targets": {n: len(s) for n, s in self.plan.targets.items()}, "verified_rows": self.verified, "lag_bytes": self.lag_bytes,
-                "id_columns": self.plan.id_columns, "id_bound": self.plan.id_bound}
+                "id_columns": self.plan.id_columns, "id_bound": self.plan.id_bound,
+                "pause_checked_keys": self.pause_checked}
 
 
 def _source(dsn: str) -> psycopg.Connection[Any]:
@@ -113,7 +118,7 @@ def _run(config: Config, dsn: str, plan: ImportPlan, step: str, *, cutover: bool
             ("staging", lambda: _staging(config, plan)),
             ("replicating", lambda: _replicating(config, dsn, src, plan)),
             ("copied", lambda: _wait_copied(config, src, plan, result, say)),
-            ("frozen", lambda: _freeze(config, src, plan, result, lock_policy)),
+            ("frozen", lambda: _freeze(config, dsn, src, plan, result, lock_policy, say, at)),
             ("verified", lambda: _verify(config, src, plan, result)),
             ("done", lambda: _teardown(config, src, plan, at)),
         ]
@@ -242,8 +247,22 @@ def _wait_copied(config: Config, src: psycopg.Connection[Any], plan: ImportPlan,
             c.close()
 
 
-def _freeze(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult, policy: LockPolicy | None) -> None:
+def _freeze(config: Config, dsn: str, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult, policy: LockPolicy | None,
+            say: Say, at: Hook) -> None:
+    """The verification's rounds (ahead.py), then the source's writes stopped and every target caught up."""
     settle.catch_up(config, plan)  # key-of tables: the rows changed while following, routed before the pause
+    ahead.arm(config, plan)
+    rounds = Ahead.make(config, src, plan, _forms(src, plan))
+    problems = rounds.run(dsn, src, say)
+    if problems:
+        raise DatabaseError(f"verification failed before the cutover: {_listed(problems)}",
+                            hint="the source serves on, nothing was cut over: pgidgen import --rollback undoes the import")
+    result.ahead = rounds
+    at("frozen:ahead")
+    _stop_writes(config, src, plan, result, policy)
+
+
+def _stop_writes(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult, policy: LockPolicy | None) -> None:
     token = uuid.uuid4().hex
     where_to = f"{plan.shard_count} shards on {', '.join(plan.targets)}"
 
@@ -270,34 +289,64 @@ def _freeze(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, resu
 
 
 def _verify(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult) -> None:
-    """Rows and their checksum per shard, the source (its writes stopped) against each shard's table; the catch-all
-    partitions hold other databases' rows and are not read. Key-of tables: settled a last time first (this runs
-    again on --resume), and read on the source by their parent's shard. With --ids next_id, the proof again: rows
-    that came while the import followed the source are under the bound too."""
+    """Rows and their checksum, the source (its writes stopped) against the shards: after the rounds ahead of the
+    pause, the keys written since (ahead.py); resumed, or for a table a TRUNCATE reached, every row, per shard (the
+    catch-all partitions hold other databases' rows and are not read). Key-of tables: settled a last time first
+    (this runs again on --resume), and read on the source by their parent's shard. With --ids next_id, the proof
+    again: rows that came while the import followed the source are under the bound too."""
+    _compare(config, src, plan, result)
+    ahead.disarm(config, plan)  # the shards open next: the application's writes are not recorded
+    _carry_sequences(config, src, plan)  # before the shards open
+
+
+def _compare(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult) -> None:
     settle.settle(config, plan)  # the pause's: key-of rows the last changes touched
-    problems: list[str] = []
     if plan.id_bound is not None:
         try:
             prove(src, config.layout, schema=plan.schema, columns=plan.id_columns, bound=plan.id_bound)
         except ConflictError as e:
             raise ConflictError(e.what, where=e.where, hint="the source's writes are stopped: pgidgen import --rollback lets them go on, nothing lost") from None
-    forms = {t.name: _by_text(src, plan, t) for t in plan.tables}
+    problems: list[str] = []
+    whole = plan.tables
+    if result.ahead is not None:  # the rounds before the pause compared the rest
+        problems, verified = result.ahead.finish(src)
+        result.verified.update(verified)
+        result.pause_checked = result.ahead.checked
+        whole = [t for t in plan.tables if t.name in result.ahead.whole]
+    if whole:
+        problems += _verify_whole(config, src, plan, whole, result)
+    if problems:
+        raise DatabaseError(f"verification failed: {_listed(problems)}", hint="the source's writes are stopped: pgidgen import --rollback lets them go on, nothing lost")
+
+
+def _listed(problems: list[str]) -> str:
+    return "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
+
+
+def _forms(src: psycopg.Connection[Any], plan: ImportPlan) -> dict[str, bool]:
+    return {t.name: _by_text(src, plan, t) for t in plan.tables}
+
+
+def _verify_whole(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, tables: list[TablePlan], result: ImportResult) -> list[str]:
+    """Every row of these tables, per shard; the problems found."""
+    problems: list[str] = []
+    forms = _forms(src, plan)
 
     def target_side(name: str) -> dict[str, dict[int, tuple[int, int]]]:
         with connect(name, config.dsn(name), autocommit=True) as conn:
             try:
                 return {t.name: {int(r[0]): (int(r[1]), int(r[2]))
                                  for r in _settled(conn, sqltext.shard_checksums_sql(plan, t.name, name, by_text=forms[t.name]))}
-                        for t in plan.tables}
+                        for t in tables}
             except psycopg.Error as e:
                 raise DatabaseError(f"database {name} failed while being verified: {pg_message(e)}",
                                     hint="fix what it says, then pgidgen import --resume (or --rollback)") from None
 
     with ThreadPoolExecutor(max_workers=len(plan.targets)) as pool:  # the targets read while the source is
         pending = {name: pool.submit(target_side, name) for name in plan.targets}
-        wants = {t.name: _settled(src, sqltext.checksum_sql(plan, t, by_text=forms[t.name])) for t in plan.tables}
+        wants = {t.name: _settled(src, sqltext.checksum_sql(plan, t, by_text=forms[t.name])) for t in tables}
         haves = {name: f.result() for name, f in pending.items()}
-    for t in plan.tables:
+    for t in tables:
         rows = wants[t.name]
         want = {int(r[0]): (int(r[1]), int(r[2])) for r in rows if r[0] is not None}
         orphans = sum(int(r[1]) for r in rows if r[0] is None)
@@ -312,10 +361,7 @@ def _verify(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, resu
                     problems.append(f"{schema_name(s)}.{t.name} on {name}: {n} rows, the source {m}")
                 elif sum_have != sum_want:
                     problems.append(f"{schema_name(s)}.{t.name} on {name}: its {n} rows differ from the source's (checksum)")
-    if problems:
-        detail = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
-        raise DatabaseError(f"verification failed: {detail}", hint="the source's writes are stopped: pgidgen import --rollback lets them go on, nothing lost")
-    _carry_sequences(config, src, plan)  # before the shards open
+    return problems
 
 
 def _by_text(src: psycopg.Connection[Any], plan: ImportPlan, t: TablePlan) -> bool:
@@ -370,7 +416,7 @@ def _teardown(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, at
     at("done:replication-dropped")
 
     def work(name: str, conn: psycopg.Connection[Any]) -> None:
-        detach = sqltext.detach_sql(plan, name, _attached(conn, plan))
+        detach = ahead.drop_triggers_sql(conn, plan) + sqltext.detach_sql(plan, name, _attached(conn, plan))
         shards = [schema_name(s) for s in plan.targets[name]]
         for i in range(0, len(detach), DETACH_CHUNK):
             chunk = "\n".join(detach[i:i + DETACH_CHUNK])

@@ -192,7 +192,7 @@ TEXT_FORM_SQL = ("SET LOCAL TimeZone = 'UTC';\nSET LOCAL DateStyle = 'ISO, MDY';
                  "SET LOCAL extra_float_digits = 1;\nSET LOCAL bytea_output = 'hex';\n")
 
 
-def _checksum(alias: str, by_text: bool) -> str:
+def checksum_terms(alias: str, by_text: bool) -> str:
     """Rows' count and an order-free checksum: the sum of a 64-bit hash of each row. hash_record_extended hashes
     each column with its type's own hash function (those hash partitioning keeps stable across majors; dropped
     columns are skipped), three times cheaper than hashing the row's text; a table with a column type that has no
@@ -207,18 +207,18 @@ def checksum_sql(plan: ImportPlan, t: TablePlan, *, by_text: bool = False) -> st
     parent's shard (a row with no parent: shard NULL)."""
     if not t.parent:
         expr = _s(shard_expr(plan.key, plan.shard_count))
-        return f"SELECT {expr} AS shard, {_checksum('pgidgen_row', by_text)} FROM {_q(plan.schema, t.name)} AS pgidgen_row GROUP BY 1;\n"
+        return f"SELECT {expr} AS shard, {checksum_terms('pgidgen_row', by_text)} FROM {_q(plan.schema, t.name)} AS pgidgen_row GROUP BY 1;\n"
     assert t.via and t.parent_column
     n = plan.shard_count
     expr = f"((({_q('pgidgen_parent', plan.key)} % {n}) + {n}) % {n})"
-    return (f"SELECT {expr} AS shard, {_checksum('pgidgen_row', by_text)} FROM {_q(plan.schema, t.name)} AS pgidgen_row"
+    return (f"SELECT {expr} AS shard, {checksum_terms('pgidgen_row', by_text)} FROM {_q(plan.schema, t.name)} AS pgidgen_row"
             f" LEFT JOIN {_q(plan.schema, t.parent)} AS pgidgen_parent ON {_q('pgidgen_parent', t.parent_column)} = {_q('pgidgen_row', t.via)}"
             " GROUP BY 1;\n")
 
 
 def shard_checksums_sql(plan: ImportPlan, table: str, database: str, *, by_text: bool = False) -> str:
     """A target's side: (shard, rows, checksum) for each of its shards' tables."""
-    return "\nUNION ALL ".join(f"SELECT {s}::int, {_checksum('pgidgen_row', by_text)} FROM {_q(schema_name(s), table)} AS pgidgen_row"
+    return "\nUNION ALL ".join(f"SELECT {s}::int, {checksum_terms('pgidgen_row', by_text)} FROM {_q(schema_name(s), table)} AS pgidgen_row"
                                for s in plan.targets[database]) + ";\n"
 
 
