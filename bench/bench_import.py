@@ -102,6 +102,8 @@ def run() -> None:
         row("pgidgen import (copy, follow, cutover, verify)", took, "s", baseline, "pg_dump | psql (issue 33: <= 1.5x)")
         row("write pause", (result.pause_s or 0.0) * 1000, "ms", 1000.0, "of 1 s (issue 33: < 1 s)")
         table([("rows verified", f"{sum(result.verified.values())} ({', '.join(f'{t} {n}' for t, n in result.verified.items())})"),
+               ("keys the pause compared", "every row" if result.pause_checked is None else
+                f"{result.pause_checked} (the rest before the pause, while the source wrote)"),
                ("writer", f"{writer.acked} photos with a like acknowledged, then: {writer.refused[:100]}"),
                ("its steps, s from the start", ", ".join(f"{at} {t - t0:.2f}" for at, t in marks)),
                ("peak memory of this process", f"{peak / 1024:.0f} MiB ({before / 1024:.0f} MiB before the import)")])
