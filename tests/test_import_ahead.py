@@ -14,6 +14,7 @@ from test_import_keyof import ROUTE, keyed  # noqa: F401
 from pgidgen.config import Config
 from pgidgen.errors import PgidgenError
 from pgidgen.importing import rollback_import, start_import
+from pgidgen.importing.engine import _progress
 
 
 def _at(point: str, work: Callable[[], None]) -> Callable[[str], None]:
@@ -76,3 +77,20 @@ def test_a_row_lost_before_the_rounds_is_refused_before_the_pause(source: str, t
         c.execute("INSERT INTO users VALUES (1000, 'still served')")
     rollback_import(two, source, schema="public")
     assert leftovers({"source": source, **two.databases}) == []
+
+
+def test_the_copy_says_its_progress(source: str, two: Config) -> None:  # noqa: F811
+    """Rows of the tables copied (the planner's estimates) against what every target receives: all of them, once
+    copied (filtered tables: each database its shards' share; the catch-all's: every row)."""
+    with psycopg.connect(source, autocommit=True) as c:
+        c.execute("ANALYZE")  # the estimates
+    followed = start_import(two, source, schema="public", key="user_id", skip=["countries"], follow=True)
+    conns = {n: psycopg.connect(dsn, autocommit=True) for n, dsn in two.databases.items()}
+    try:
+        line = _progress(followed.plan, conns, 30.0)
+    finally:
+        for c in conns.values():
+            c.close()
+    total = sum(t.rows * len(s) // 16 if t.filtered else t.rows for t in followed.plan.tables for s in followed.plan.targets.values())
+    assert total > 0 and line == f"import: copying, 99% (about {total:,} of {total:,} rows), about 0 s left"
+    rollback_import(two, source, schema="public")

@@ -29,7 +29,7 @@ def import_cmd(ctx: click.Context, source: str, schema: str, key: str | None, ke
                follow: bool,
                cutover: bool, resume: bool, rollback: bool, dry_run: bool, as_json: bool) -> None:
     """Import an unsharded database's tables into the shards, online: copied, kept in step, verified, cut over."""
-    from ..importing import plan_import, resume_import, rollback_import, settle, sqltext, start_import
+    from ..importing import ahead, plan_import, resume_import, rollback_import, settle, sqltext, start_import
     from ..importing.keyof import parse_key_of
 
     config = get_config(ctx)
@@ -75,6 +75,7 @@ def import_cmd(ctx: click.Context, source: str, schema: str, key: str | None, ke
                 click.echo(sqltext.subscription_sql(plan, name, source, show=True).rstrip("\n"))
                 if settle.keyed_tables(plan):
                     click.echo(f"-- after the copy (whole = true), before and in the cutover's pause:\n{settle.settle_sql(plan, whole=False).rstrip()}")
+                click.echo(f"-- the cutover, before its pause (the verification's rounds record the keys written since):\n{ahead.arm_sql(plan, name).rstrip()}")
             return
         result = start_import(config, source, schema=schema, key=key, skip=skipped, follow=follow, ids=ids, key_of=routes, say=say)
     if as_json:

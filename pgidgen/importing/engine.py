@@ -22,10 +22,10 @@ from psycopg import sql
 
 from .. import pgbin
 from ..config import Config
-from ..db import connect, execute_script, pg_message, tool_args
+from ..db import connect, each_database, execute_script, pg_message, tool_args
 from ..ddl.apply import apply_ddl
 from ..ddl.dumpfile import parse_dump
-from ..errors import ConflictError, DatabaseError, InputError
+from ..errors import ConflictError, DatabaseError, InputError, PgidgenError
 from ..idgen import schema_name
 from ..lockwait import LockPolicy, with_lock_retries
 from . import ahead, settle, sqltext
@@ -163,14 +163,19 @@ def _schema(config: Config, dsn: str, src: psycopg.Connection[Any], plan: Import
     apply_ddl(config, parsed)
 
 
-def _each_target(config: Config, plan: ImportPlan, work: Callable[[str, psycopg.Connection[Any]], None], *, doing: str) -> None:
-    for name in plan.targets:
+def _each_target(config: Config, plan: ImportPlan, work: Callable[[str, psycopg.Connection[Any]], None], *, doing: str,
+                 parallel: bool = False) -> None:
+    """work on every target database, one after another (or in parallel: in the pause)."""
+    def one(name: str) -> None:
         with connect(name, config.dsn(name), autocommit=True) as conn:
             try:
                 work(name, conn)
             except psycopg.Error as e:
                 raise DatabaseError(f"database {name} failed while {doing}: {pg_message(e)}",
                                     hint="fix what it says, then pgidgen import --resume (or --rollback)") from None
+    for outcome in each_database(list(plan.targets), one, parallel=parallel).values():
+        if isinstance(outcome, PgidgenError):
+            raise outcome
 
 
 def _staging(config: Config, plan: ImportPlan) -> None:
@@ -221,9 +226,12 @@ def _wait_copied(config: Config, src: psycopg.Connection[Any], plan: ImportPlan,
     """Until every target's subscription has copied every table (each relation 'r', ready: streaming)."""
     conns = {n: connect(n, config.dsn(n), autocommit=True) for n in plan.targets}
     try:
-        last = 0.0
+        last = started = time.monotonic()
         while True:
             pending = 0
+            if time.monotonic() - last > 5:
+                say(_progress(plan, conns, time.monotonic() - started))
+                last = time.monotonic()
             for name, conn in conns.items():
                 row = conn.execute(
                     "SELECT count(*) FILTER (WHERE r.srsubstate = 'r'), count(*), coalesce(max(st.sync_error_count + st.apply_error_count), 0)"
@@ -235,16 +243,45 @@ def _wait_copied(config: Config, src: psycopg.Connection[Any], plan: ImportPlan,
                                         hint="fix it (a row that breaks a shard table's constraint, a full disk), then --resume; or --rollback")
                 pending += len(plan.tables) + 1 - int(row[0])
             if pending == 0:
+                if settle.keyed_tables(plan):
+                    say(f"import: copied; routing every row of {', '.join(t.name for t in settle.keyed_tables(plan))} to its parent's shard")
                 settle.settle(config, plan, whole=True)  # key-of tables: every copied row to its parent's shard
                 result.lag_bytes = _lag(src, plan)
                 return
-            if time.monotonic() - last > 5:
-                say(f"import: copying, {pending} tables to go")
-                last = time.monotonic()
             time.sleep(0.2)
     finally:
         for c in conns.values():
             c.close()
+
+
+def _expected(plan: ImportPlan, t: TablePlan, database: str) -> int:
+    """About how many of a table's rows a target receives: a key-of table's every row, a filtered table its shards'."""
+    if t.filtered:
+        return t.rows * len(plan.targets[database]) // max(plan.shard_count, 1)
+    return t.rows
+
+
+def _progress(plan: ImportPlan, conns: dict[str, psycopg.Connection[Any]], elapsed: float) -> str:
+    """The copy's progress line: rows of the tables copied (the planner's estimates) and of the copies running
+    (pg_stat_progress_copy), against the rows every target is to receive; the time left at the pace so far."""
+    done = total = 0
+    for name, conn in conns.items():
+        ready = {str(r[0]) for r in conn.execute(
+            "SELECT c.relname FROM pg_catalog.pg_subscription s JOIN pg_catalog.pg_subscription_rel r ON r.srsubid = s.oid"
+            " JOIN pg_catalog.pg_class c ON c.oid = r.srrelid WHERE s.subname = %s AND r.srsubstate IN ('r', 's')", (plan.slot(name),))}
+        running = conn.execute("SELECT coalesce(sum(tuples_processed), 0)::bigint FROM pg_catalog.pg_stat_progress_copy"
+                               " WHERE datname = pg_catalog.current_database()").fetchone()
+        total += sum(_expected(plan, t, name) for t in plan.tables)
+        done += sum(_expected(plan, t, name) for t in plan.tables if t.name in ready) + int(running[0] if running else 0)
+    if not total:
+        return "import: copying"
+    share = min(done / total, 0.99)
+    left = f", about {_duration(elapsed * (1 - share) / share)} left" if share > 0.01 else ""
+    return f"import: copying, {share:.0%} (about {done:,} of {total:,} rows){left}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def _freeze(config: Config, dsn: str, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult, policy: LockPolicy | None,
@@ -403,7 +440,7 @@ def _carry_sequences(config: Config, src: psycopg.Connection[Any], plan: ImportP
             values[seq] = int(row[0])
     if values:
         _each_target(config, plan, lambda name, conn: execute_script(conn, sqltext.sequences_sql(plan, name, values)),
-                     doing="carrying the sequences over")
+                     doing="carrying the sequences over", parallel=True)
 
 
 def _teardown(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, at: Hook) -> None:

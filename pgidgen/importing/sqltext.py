@@ -164,12 +164,11 @@ def empty_shards_sql(plan: ImportPlan, database: str) -> str:
 
 def sequences_sql(plan: ImportPlan, database: str, values: dict[str, int]) -> str:
     """Every shard's copy of a sequence continues from the source's value, so new rows' IDs do not repeat the
-    imported rows' (is_called keeps a never-used sequence's first value)."""
-    out = []
-    for seq, value in values.items():
-        for s in plan.targets[database]:
-            out.append(f"SELECT pg_catalog.setval({_s(sql.Literal(_q(schema_name(s), seq)))}, {int(value)});")
-    return "\n".join(out) + ("\n" if out else "")
+    imported rows' (is_called keeps a never-used sequence's first value); one statement."""
+    rows = [f"({_s(sql.Literal(_q(schema_name(s), seq)))}, {int(value)})" for seq, value in values.items() for s in plan.targets[database]]
+    if not rows:
+        return ""
+    return f"SELECT pg_catalog.setval(s.seq::pg_catalog.regclass, s.value) FROM (VALUES {', '.join(rows)}) AS s (seq, value);\n"
 
 
 def ids_sql(plan: ImportPlan) -> str:
