@@ -17,6 +17,9 @@ from pgidgen.cli import main
 from pgidgen.config import Config
 from pgidgen.importing import resume_import, rollback_import, start_import
 from pgidgen.importing.keyof import parse_key_of
+from pgidgen.init import init
+from pgidgen.move.rebalance import rebalance
+from pgidgen.routing import Router
 
 LIKES = """
 CREATE TABLE likes (id bigserial PRIMARY KEY, photo_id bigint NOT NULL REFERENCES photos (id) ON DELETE CASCADE, n int);
@@ -145,3 +148,25 @@ def test_stopped_after_the_copy_then_resumed(keyed: str, two: Config) -> None:  
         want = dict(c.execute("SELECT l.id, p.user_id FROM likes l JOIN photos p ON p.id = l.photo_id").fetchall())
     assert _placed(two) == {like: user % SHARDS for like, user in want.items()}
     assert leftovers({"source": keyed, **two.databases}) == []
+
+
+def test_imported_shards_rebalance_to_a_third_database(keyed: str, fresh_dsns: dict[str, str], config: Config) -> None:  # noqa: F811
+    """After the import, the shards are like any: a rebalance onto a database that joined later moves them, rows,
+    routes and all, and the Router finds a user's rows there."""
+    three = Config(layout=config.layout, databases={n: fresh_dsns[n] for n in ("db1", "db2", "db3")})
+    assert all(o.ok for o in init(three, SHARDS, ["db1", "db2"]))
+    assert start_import(three, keyed, schema="public", key="user_id", skip=["countries"], key_of=ROUTE).step == "done"
+    result = rebalance(three, ["db1", "db2", "db3"], parallel=1, by="count")
+    assert result.ok and result.reports and not result.differ
+    moved = sorted(s for r in result.reports for s in r.shards)
+    with psycopg.connect(keyed) as c:
+        want = dict(c.execute("SELECT l.id, p.user_id FROM likes l JOIN photos p ON p.id = l.photo_id").fetchall())
+        user = next(u for u in c.execute("SELECT user_id FROM users ORDER BY user_id").fetchall() if u[0] % SHARDS in moved)[0]
+        liked = c.execute("SELECT count(*) FROM likes l JOIN photos p ON p.id = l.photo_id WHERE ((p.user_id %% 16) + 16) %% 16 = %s",
+                          (user % SHARDS,)).fetchone()
+    assert _placed(three) == {like: u % SHARDS for like, u in want.items()}
+    with Router(three) as router:
+        assert router.shard_for(user) == user % SHARDS and router.database_for(user % SHARDS) == "db3"
+        got = router.run_for_key(user, lambda c: c.execute(f"SELECT count(*) FROM shard_{user % SHARDS}.likes").fetchone())
+    assert got == liked
+    assert leftovers({"source": keyed, **three.databases}) == []

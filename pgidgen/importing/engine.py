@@ -245,6 +245,7 @@ def _wait_copied(config: Config, src: psycopg.Connection[Any], plan: ImportPlan,
             if pending == 0:
                 if settle.keyed_tables(plan):
                     say(f"import: copied; routing every row of {', '.join(t.name for t in settle.keyed_tables(plan))} to its parent's shard")
+                settle.make_maps(config, plan)
                 settle.settle(config, plan, whole=True)  # key-of tables: every copied row to its parent's shard
                 result.lag_bytes = _lag(src, plan)
                 return

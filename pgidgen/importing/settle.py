@@ -7,7 +7,7 @@ not its parent). A trigger on it, ENABLE REPLICA (it fires in the subscription's
 and not for pgidgen's own statements), records the primary key of every row the subscription writes in
 `pgidgen_import.<table>_dirty`. Settling takes the dirty keys, deletes those rows from the shards' tables where
 they were put (`pgidgen_import.<table>_at` says which shard), and inserts them again from the staging table joined
-to the parent's rows on this database, grouped by the parent's shard: a row lands in its parent's shard, and a row
+to the parent's rows on this database (`pgidgen_import.<parent>_map`, map_sql), grouped by the parent's shard: a row lands in its parent's shard, and a row
 whose parent lives on another database is left to that database. Each settle runs in one REPEATABLE READ
 transaction, so the dirty keys it takes and the rows it reads are of one snapshot: a change the subscription
 commits later stays dirty for the next settle.
@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 
 from ..config import Config
-from ..db import connect, each_database, pg_message
+from ..db import connect, each_database, execute_script, pg_message
 from ..errors import DatabaseError, PgidgenError
 from ..idgen import schema_name
 from .source import WORK_SCHEMA, ImportPlan, TablePlan
@@ -63,7 +63,7 @@ def staging_sql(plan: ImportPlan, database: str, t: TablePlan) -> str:
     table, dirty, at = _q(plan.schema, t.name), _q(WORK_SCHEMA, f"{t.name}_dirty"), _q(WORK_SCHEMA, f"{t.name}_at")
     mark, settle = _q(WORK_SCHEMA, f"dirty_{t.name}"), _q(WORK_SCHEMA, f"settle_{t.name}")
     pk, new, old = _cols(t), _cols(t, "NEW").replace('"NEW".', "NEW."), _cols(t, "OLD").replace('"OLD".', "OLD.")
-    shard = _shard_of(plan, "p")
+    shard = _q("p", "shard")
     here = shard_filter(shard, plan.targets[database])
     into = _fmt(f"INSERT INTO %I.{_q(t.name)} SELECT (x.r).* FROM pg_temp.pgidgen_r x WHERE x.shard = $1")
     out_of = _fmt(f"DELETE FROM %I.{_q(t.name)} WHERE ({pk}) IN (SELECT {pk} FROM pg_temp.pgidgen_d)")
@@ -98,7 +98,7 @@ BEGIN
     END LOOP;
     DELETE FROM {at} a WHERE ({_cols(t, "a")}) IN (SELECT {pk} FROM pg_temp.pgidgen_d);
     CREATE TEMP TABLE pgidgen_r AS SELECT {shard} AS shard, l AS r FROM {table} l
-        JOIN {_q(plan.schema, t.parent)} p ON p.{_q(t.parent_column)} = l.{_q(t.via)}
+        JOIN {_q(WORK_SCHEMA, f"{t.parent}_map")} p ON p.v = l.{_q(t.via)}
         WHERE ({_cols(t, "l")}) IN (SELECT {pk} FROM pg_temp.pgidgen_d) AND ({here}) ORDER BY 1;
     GET DIAGNOSTICS n = ROW_COUNT;
     CREATE INDEX ON pg_temp.pgidgen_r (shard);
@@ -112,6 +112,60 @@ BEGIN
 END
 $body$;
 """
+
+
+def parents(plan: ImportPlan) -> dict[str, str]:
+    """The tables --key-of tables route through -> the column their children refer to."""
+    return {t.parent: t.parent_column for t in keyed_tables(plan) if t.parent and t.parent_column}
+
+
+def map_sql(plan: ImportPlan) -> str:
+    """Where each parent row's children go, on one target: `pgidgen_import.<parent>_map` (the referred value and the
+    parent's shard), kept by a trigger on the parent's staging table (ENABLE REPLICA: in the subscription's
+    workers), filled in the same transaction (the trigger's lock holds the workers off meanwhile). Made once the
+    copy is done, so the copy does not fire it. The settle finds a row's parent there by one index lookup, where
+    the parent's staging table (a partition per shard, none of which its key can pick) takes one per partition."""
+    out = []
+    for parent, column in parents(plan).items():
+        m, root, fn = _q(WORK_SCHEMA, f"{parent}_map"), _q(plan.schema, parent), _q(WORK_SCHEMA, f"map_{parent}")
+        shard = _shard_of(plan, "NEW").replace('"NEW".', "NEW.")
+        out.append(f"""CREATE TABLE {m} AS SELECT {_q(column)} AS v, 0::int AS shard FROM {root} WITH NO DATA;
+ALTER TABLE {m} ADD PRIMARY KEY (v);
+CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog AS $body$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN DELETE FROM {m} WHERE v = OLD.{_q(column)}; END IF;
+    IF TG_OP <> 'DELETE' THEN
+        INSERT INTO {m} VALUES (NEW.{_q(column)}, {shard}) ON CONFLICT (v) DO UPDATE SET shard = EXCLUDED.shard;
+    END IF;
+    RETURN NULL;
+END
+$body$;
+CREATE TRIGGER pgidgen_map AFTER INSERT OR UPDATE OR DELETE ON {root} FOR EACH ROW EXECUTE FUNCTION {fn}();
+ALTER TABLE {root} ENABLE REPLICA TRIGGER pgidgen_map;
+INSERT INTO {m} SELECT p.{_q(column)}, {_shard_of(plan, "p")} FROM {root} p;
+ANALYZE {m};
+""")
+    return "".join(out)
+
+
+def make_maps(config: Config, plan: ImportPlan) -> None:
+    """map_sql on every target that lacks it (a resumed import made it already), the databases in parallel."""
+    if not parents(plan):
+        return
+
+    def work(name: str) -> None:
+        first = next(iter(parents(plan)))
+        with connect(name, config.dsn(name), autocommit=True) as conn:
+            try:
+                with conn.transaction():
+                    if conn.execute("SELECT pg_catalog.to_regclass(%s)", (_q(WORK_SCHEMA, f"{first}_map"),)).fetchone() == (None,):
+                        execute_script(conn, map_sql(plan))
+            except psycopg.Error as e:
+                raise DatabaseError(f"database {name} failed while mapping the parents' rows: {pg_message(e)}",
+                                    hint="fix what it says, then pgidgen import --resume (or --rollback)") from None
+    for outcome in each_database(list(plan.targets), work).values():
+        if isinstance(outcome, PgidgenError):
+            raise outcome
 
 
 def staging_all_sql(plan: ImportPlan, database: str) -> str:
