@@ -47,10 +47,27 @@ def test_the_pause_compares_the_keys_written_since_the_rounds(keyed: str, two: C
     assert done.verified == {"users": 126, "photos": 302, "likes": 401, "logs": 0}
     assert _rows(two, "logs", "n") == []
     assert sorted(r for _, r in _rows(two, "photos", "id, user_id") if r[0] > 9000) == [(9001, 7), (9002, 7)]
+    with psycopg.connect(keyed) as c:  # the shards' sequences were set ahead of the pause, 1000 past the source's
+        (last,) = c.execute("SELECT last_value FROM photos_id_seq").fetchone()  # type: ignore[misc]
+    assert _sequence(two, "photos_id_seq") == {last + 1000}
     for dsn in two.databases.values():
         with psycopg.connect(dsn) as c:
             assert c.execute("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'pgidgen_changed%'").fetchone() == (0,)
     assert leftovers({"source": keyed, **two.databases}) == []
+
+
+def _sequence(cfg: Config, seq: str) -> set[int]:
+    """The last values of every shard's copy of seq."""
+    return {int(row[0]) for _, row in _rows(cfg, seq, "last_value")}
+
+
+def test_a_sequence_past_what_was_set_ahead_is_set_in_the_pause(source: str, two: Config) -> None:  # noqa: F811
+    def advance() -> None:
+        with psycopg.connect(source, autocommit=True) as c:
+            c.execute("SELECT setval('photos_id_seq', 50000)")
+
+    assert start_import(two, source, schema="public", key="user_id", skip=["countries"], hook=_at("frozen:ahead", advance)).step == "done"
+    assert _sequence(two, "photos_id_seq") == {50000}
 
 
 def test_a_row_written_into_a_shard_behind_the_replication_is_found_in_the_pause(keyed: str, two: Config) -> None:  # noqa: F811

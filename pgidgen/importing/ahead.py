@@ -242,21 +242,30 @@ class Ahead:
         return out
 
     def _target_values(self, conns: dict[str, psycopg.Connection[Any]], where: dict[Key, set[str]]) -> dict[Key, Sums]:
-        """Each value's rows on the targets, in the shards where says (those each database serves)."""
+        """Each value's rows on the targets, in the shards where says (those each database serves), the databases
+        in parallel."""
         out: dict[Key, Sums] = {k: {} for k in where}
-        for name, conn in conns.items():
-            mine = {schema_name(s) for s in self.plan.targets[name]}
-            for t in self.plan.tables:
-                by_schema: dict[str, list[str]] = {}
-                for (tbl, v), schemas in where.items():
-                    if tbl == t.name:
-                        for s in schemas & mine:
-                            by_schema.setdefault(s, []).append(v)
-                if by_schema:
-                    order = sorted(by_schema)
-                    q = _shard_values_sql(self.plan, t, self.types[t.name], self.forms[t.name], order)
-                    for shard, v, n, total in conn.execute(q.encode(), [by_schema[s] for s in order]).fetchall():
-                        out[(t.name, str(v))][int(shard)] = (int(n), int(total))
+        with ThreadPoolExecutor(max_workers=len(conns)) as pool:
+            for part in pool.map(lambda item: self._one_target(item[0], item[1], where), conns.items()):
+                for k, sums in part.items():
+                    out[k].update(sums)
+        return out
+
+    def _one_target(self, name: str, conn: psycopg.Connection[Any], where: dict[Key, set[str]]) -> dict[Key, Sums]:
+        """One target's part of _target_values."""
+        out: dict[Key, Sums] = {}
+        mine = {schema_name(s) for s in self.plan.targets[name]}
+        for t in self.plan.tables:
+            by_schema: dict[str, list[str]] = {}
+            for (tbl, v), schemas in where.items():
+                if tbl == t.name:
+                    for s in schemas & mine:
+                        by_schema.setdefault(s, []).append(v)
+            if by_schema:
+                order = sorted(by_schema)
+                q = _shard_values_sql(self.plan, t, self.types[t.name], self.forms[t.name], order)
+                for shard, v, n, total in conn.execute(q.encode(), [by_schema[s] for s in order]).fetchall():
+                    out.setdefault((t.name, str(v)), {})[int(shard)] = (int(n), int(total))
         return out
 
     def _compare_values(self, keys: list[Key], src: dict[Key, Sums], tgt: dict[Key, Sums], problems: list[str]) -> None:
@@ -275,8 +284,21 @@ class Ahead:
             self.counts[k] = sum(n for n, _ in want.values())
 
 
-    def _where(self, locations: dict[Key, set[str]], src: dict[Key, Sums]) -> dict[Key, set[str]]:
-        return {k: set(locations.get(k, ())) | {schema_name(s) for s in src[k] if s is not None} for k in src}
+    def _where(self, locations: dict[Key, set[str]], keys: list[Key]) -> dict[Key, set[str]]:
+        """Where a value's rows are looked for on the targets: every shard a row of it was written to since it was
+        last compared, and a keyed table's in its key's shard. (A --key-of row not written since lies in its
+        parent's shard, where any change of it or of its parent would have written it.)"""
+        n = self.plan.shard_count
+        keyed = {t.name for t in self.plan.tables if not t.parent}
+        return {k: set(locations.get(k, ())) | ({schema_name((int(k[1]) % n + n) % n)} if k[0] in keyed else set()) for k in keys}
+
+    def _values(self, source: psycopg.Connection[Any], conns: dict[str, psycopg.Connection[Any]], keys: list[Key],
+                locations: dict[Key, set[str]]) -> tuple[dict[Key, Sums], dict[Key, Sums]]:
+        """The values' rows on the source and on the targets, read at once."""
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            found = pool.submit(self._source_values, source, keys)
+            have = self._target_values(conns, self._where(locations, keys))
+            return found.result(), have
 
     def round(self, dsn: str, heartbeat: psycopg.Connection[Any], say: Say) -> list[str]:
         """One round ahead of the pause (the first compares whole); the problems found."""
@@ -307,8 +329,7 @@ class Ahead:
             else:
                 keys = [k for k in self.waiting if k not in taken and k[0] not in self.whole]
                 say(f"import: verifying ahead of the pause, round {self.rounds}: {len(keys)} keys ({len(taken)} written since)")
-                src = self._source_values(source, keys)
-                self._compare_values(keys, src, self._target_values(reads, self._where(self.waiting, src)), problems)
+                self._compare_values(keys, *self._values(source, reads, keys, self.waiting), problems)
                 for k in keys:
                     del self.waiting[k]
                 for k, at in taken.items():
@@ -336,8 +357,7 @@ class Ahead:
             wants = {t.name: {None if r[0] is None else int(r[0]): (int(r[1]), int(r[2])) for r in source.execute(
                 checksum_sql(plan, t, by_text=self.forms[t.name]).encode()).fetchall()} for t in plan.tables if t.name not in self.whole}
             haves = {name: f.result() for name, f in pending.items()}
-        src = self._source_values(source, keys)
-        tgt = self._target_values(reads, self._where(taken, src))
+        src, tgt = self._values(source, reads, keys, taken)
         for t in plan.tables:
             if t.name in self.whole:
                 continue
@@ -380,8 +400,7 @@ class Ahead:
             for c in [src, *conns.values()]:
                 _read(c)
             try:
-                found = self._source_values(src, keys)
-                self._compare_values(keys, found, self._target_values(conns, self._where(self.waiting, found)), problems)
+                self._compare_values(keys, *self._values(src, conns, keys, self.waiting), problems)
             finally:
                 for c in [src, *conns.values()]:
                     c.execute(b"ROLLBACK")

@@ -52,6 +52,7 @@ class ImportResult:
     #: the verification's rounds ahead of the pause, and the keys the pause compared (None: it compared every row)
     ahead: Ahead | None = field(default=None, repr=False)
     pause_checked: int | None = None
+    sequences_ahead: dict[str, int] | None = field(default=None, repr=False)  # the shards' sequences, set before the pause
 
     def as_dict(self) -> dict[str, Any]:
         return {"schema": self.plan.schema, "key": self.plan.key, "step": self.step, "pause_s": self.pause_s,
@@ -289,6 +290,7 @@ def _freeze(config: Config, dsn: str, src: psycopg.Connection[Any], plan: Import
             say: Say, at: Hook) -> None:
     """The verification's rounds (ahead.py), then the source's writes stopped and every target caught up."""
     settle.catch_up(config, plan)  # key-of tables: the rows changed while following, routed before the pause
+    before = _sequence_values(src, plan)
     ahead.arm(config, plan)
     rounds = Ahead.make(config, src, plan, _forms(src, plan))
     problems = rounds.run(dsn, src, say)
@@ -296,6 +298,7 @@ def _freeze(config: Config, dsn: str, src: psycopg.Connection[Any], plan: Import
         raise DatabaseError(f"verification failed before the cutover: {_listed(problems)}",
                             hint="the source serves on, nothing was cut over: pgidgen import --rollback undoes the import")
     result.ahead = rounds
+    result.sequences_ahead = _sequences_ahead(config, src, plan, before)
     at("frozen:ahead")
     _stop_writes(config, src, plan, result, policy)
 
@@ -334,7 +337,7 @@ def _verify(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, resu
     again: rows that came while the import followed the source are under the bound too."""
     _compare(config, src, plan, result)
     ahead.disarm(config, plan)  # the shards open next: the application's writes are not recorded
-    _carry_sequences(config, src, plan)  # before the shards open
+    _carry_sequences(config, src, plan, result.sequences_ahead)  # before the shards open
 
 
 def _compare(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult) -> None:
@@ -432,16 +435,37 @@ def _settled(conn: psycopg.Connection[Any], query: str) -> list[tuple[Any, ...]]
         return conn.execute(query.encode()).fetchall()
 
 
-def _carry_sequences(config: Config, src: psycopg.Connection[Any], plan: ImportPlan) -> None:
-    """Every shard's copy of the schema's sequences goes on from the source's value (frozen), before the shards open."""
+def _sequence_values(src: psycopg.Connection[Any], plan: ImportPlan) -> dict[str, int]:
+    """The source's sequences' last values (those ever called)."""
     values = {}
     for seq in plan.sequences:
         row = src.execute(sql.SQL("SELECT last_value, is_called FROM {}").format(sql.Identifier(plan.schema, seq))).fetchone()
         if row is not None and row[1]:
             values[seq] = int(row[0])
+    return values
+
+
+def _set_sequences(config: Config, plan: ImportPlan, values: dict[str, int]) -> None:
     if values:
         _each_target(config, plan, lambda name, conn: execute_script(conn, sqltext.sequences_sql(plan, name, values)),
                      doing="carrying the sequences over", parallel=True)
+
+
+def _sequences_ahead(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, before: dict[str, int]) -> dict[str, int]:
+    """Before the pause: every shard's sequences set past the source's value by ten times what it moved during the
+    verification's rounds (at least 1000): the pause then only reads the source's (a sequence has gaps anyway)."""
+    now = _sequence_values(src, plan)
+    ahead = {seq: v + max(1000, 10 * (v - before.get(seq, v))) for seq, v in now.items()}
+    _set_sequences(config, plan, ahead)
+    return ahead
+
+
+def _carry_sequences(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, ahead: dict[str, int] | None) -> None:
+    """Every shard's copy of the schema's sequences goes on from the source's value (frozen), before the shards open:
+    already, when the values set ahead of the pause are past the source's; else set now."""
+    values = _sequence_values(src, plan)
+    if ahead is None or any(seq not in ahead or v > ahead[seq] for seq, v in values.items()):
+        _set_sequences(config, plan, values)
 
 
 def _teardown(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, at: Hook) -> None:
