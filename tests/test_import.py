@@ -179,6 +179,8 @@ def test_refused_before_anything_is_written(source: str, two: Config, setup: str
 
 
 def test_dry_run_plans_and_writes_nothing(source: str, two: Config, tmp_path: Path) -> None:
+    with psycopg.connect(source, autocommit=True) as c:
+        c.execute("ANALYZE")  # the estimates
     plan = plan_import(two, source, schema="public", key="user_id", skip=["countries"])
     assert {t.name: t.filtered for t in plan.tables} == {"logs": True, "photos": True, "users": True}
     assert plan.full_identity == {"public.photos": "DEFAULT"}  # its primary key (id) lacks user_id: FULL meanwhile
@@ -188,6 +190,8 @@ def test_dry_run_plans_and_writes_nothing(source: str, two: Config, tmp_path: Pa
     assert 'ATTACH PARTITION "shard_9"."users" FOR VALUES IN (9);' in result.output
     assert "ALTER TABLE public.photos REPLICA IDENTITY FULL;" in result.output
     assert 'WHERE (((("user_id" % 16) + 16) % 16) BETWEEN 0 AND 7)' in result.output
+    rows = {n: r for n, (r, _) in plan.estimates().items()}
+    assert rows["db1"] == sum(t.rows * 8 // 16 for t in plan.tables) > 0 and f"-- database db1: 8 shards; receives about {rows['db1']} rows, " in result.output
     assert shard_filter("k", [0, 1, 2, 5, 7, 8]) == "k BETWEEN 0 AND 2 OR k = 5 OR k BETWEEN 7 AND 8"
     with psycopg.connect(source) as c:
         assert c.execute("SELECT to_regnamespace('pgidgen_import')").fetchone() == (None,)

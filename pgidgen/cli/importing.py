@@ -7,6 +7,7 @@ import click
 
 from ..errors import ConfigError
 from ..layout import iso_ms
+from ..sizes import human
 from .common import get_config, interactive
 
 
@@ -55,11 +56,14 @@ def import_cmd(ctx: click.Context, source: str, schema: str, key: str | None, ke
         if dry_run:
             plan = plan_import(config, source, schema=schema, key=key, skip=skipped, follow=follow, ids=ids, key_of=routes)
             if as_json:
-                click.echo(json.dumps(plan.as_json(), indent=2))
+                click.echo(json.dumps({**plan.as_json(), "estimates": {n: {"rows": r, "bytes": b} for n, (r, b) in plan.estimates().items()}}, indent=2))
                 return
             for t in plan.tables:
                 click.echo(f"-- {plan.schema}.{t.name}: about {t.rows} rows, {t.bytes} bytes; {t.route()}; rows filtered by shard: "
                            + ("no (every row to every database, routed there by its parent's shard)" if t.parent else 'yes' if t.filtered else 'no (catch-all)'))
+            for name, (rows, size) in plan.estimates().items():
+                click.echo(f"-- database {name}: {len(plan.targets[name])} shards; receives about {rows} rows, {human(size)}"
+                           " (the source's statistics; a --key-of table's every row, routed there)")
             if plan.id_bound is not None:
                 click.echo(f"-- --ids next_id: every ID next_id() may return is >= {plan.id_bound} ({iso_ms(config.layout.decode(plan.id_bound)[0])});"
                            " every kept ID is below it (checked again at the cutover)")

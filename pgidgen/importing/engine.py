@@ -256,13 +256,6 @@ def _wait_copied(config: Config, src: psycopg.Connection[Any], plan: ImportPlan,
             c.close()
 
 
-def _expected(plan: ImportPlan, t: TablePlan, database: str) -> int:
-    """About how many of a table's rows a target receives: a key-of table's every row, a filtered table its shards'."""
-    if t.filtered:
-        return t.rows * len(plan.targets[database]) // max(plan.shard_count, 1)
-    return t.rows
-
-
 def _progress(plan: ImportPlan, conns: dict[str, psycopg.Connection[Any]], elapsed: float) -> str:
     """The copy's progress line: rows of the tables copied (the planner's estimates) and of the copies running
     (pg_stat_progress_copy), against the rows every target is to receive; the time left at the pace so far."""
@@ -273,8 +266,8 @@ def _progress(plan: ImportPlan, conns: dict[str, psycopg.Connection[Any]], elaps
             " JOIN pg_catalog.pg_class c ON c.oid = r.srrelid WHERE s.subname = %s AND r.srsubstate IN ('r', 's')", (plan.slot(name),))}
         running = conn.execute("SELECT coalesce(sum(tuples_processed), 0)::bigint FROM pg_catalog.pg_stat_progress_copy"
                                " WHERE datname = pg_catalog.current_database()").fetchone()
-        total += sum(_expected(plan, t, name) for t in plan.tables)
-        done += sum(_expected(plan, t, name) for t in plan.tables if t.name in ready) + int(running[0] if running else 0)
+        total += sum(plan.share(t, name, t.rows) for t in plan.tables)
+        done += sum(plan.share(t, name, t.rows) for t in plan.tables if t.name in ready) + int(running[0] if running else 0)
     if not total:
         return "import: copying"
     share = min(done / total, 0.99)

@@ -82,6 +82,15 @@ class ImportPlan:
         """The slot, publication and subscription name for one target: prefixed, findable, unique per source."""
         return f"pgidgen_import_{self.source_oid}_{sorted(self.targets).index(database)}"
 
+    def share(self, t: TablePlan, database: str, amount: int) -> int:
+        """About how much of a table (rows or bytes) a target receives: a filtered table its shards' share, a table
+        that is not (a catch-all's, a key-of table's) every row."""
+        return amount * len(self.targets[database]) // max(self.shard_count, 1) if t.filtered else amount
+
+    def estimates(self) -> dict[str, tuple[int, int]]:
+        """database -> (rows, bytes) it receives, by the planner's statistics of the source's tables."""
+        return {n: (sum(self.share(t, n, t.rows) for t in self.tables), sum(self.share(t, n, t.bytes) for t in self.tables)) for n in self.targets}
+
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
 
