@@ -170,3 +170,19 @@ def test_imported_shards_rebalance_to_a_third_database(keyed: str, fresh_dsns: d
         got = router.run_for_key(user, lambda c: c.execute(f"SELECT count(*) FROM shard_{user % SHARDS}.likes").fetchone())
     assert got == liked
     assert leftovers({"source": keyed, **three.databases}) == []
+
+
+def test_a_parent_whose_key_changes_takes_its_children_along(keyed: str, two: Config) -> None:  # noqa: F811
+    """While the import follows: photo 5 moves to another shard of its database, photo 6 to a shard of the other
+    database; their likes follow them (the parents' map marks them to be settled again)."""
+    start_import(two, keyed, schema="public", key="user_id", skip=["countries"], key_of=ROUTE, follow=True)
+    with psycopg.connect(keyed, autocommit=True) as c:
+        c.execute("UPDATE photos SET user_id = 3 WHERE id = 5")  # shard 0 -> 3, on db1
+        c.execute("UPDATE photos SET user_id = user_id + 8 WHERE id = 6")  # shard 1 -> 9, on db2
+        want = dict(c.execute("SELECT l.id, p.user_id FROM likes l JOIN photos p ON p.id = l.photo_id").fetchall())
+        moved = [r[0] for r in c.execute("SELECT id FROM likes WHERE photo_id IN (5, 6)")]
+    done = resume_import(two, keyed, schema="public", cutover=True)
+    assert done.step == "done" and moved
+    placed = _placed(two)
+    assert placed == {like: user % SHARDS for like, user in want.items()}
+    assert {placed[like] for like in moved} == {3, 9}

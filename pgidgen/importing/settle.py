@@ -124,19 +124,29 @@ def map_sql(plan: ImportPlan) -> str:
     parent's shard), kept by a trigger on the parent's staging table (ENABLE REPLICA: in the subscription's
     workers), filled in the same transaction (the trigger's lock holds the workers off meanwhile). Made once the
     copy is done, so the copy does not fire it. The settle finds a row's parent there by one index lookup, where
-    the parent's staging table (a partition per shard, none of which its key can pick) takes one per partition."""
+    the parent's staging table (a partition per shard, none of which its key can pick) takes one per partition.
+    A parent row that moves to another shard (its key changed: the subscription deletes it from one partition and
+    inserts it into another) or comes or goes marks its children dirty: the next settle takes them to its shard.
+    An UPDATE within its partition leaves its shard, and its children, where they are."""
     out = []
     for parent, column in parents(plan).items():
         m, root, fn = _q(WORK_SCHEMA, f"{parent}_map"), _q(plan.schema, parent), _q(WORK_SCHEMA, f"map_{parent}")
         shard = _shard_of(plan, "NEW").replace('"NEW".', "NEW.")
+
+        def follow(row: str, parent: str = parent, column: str = column) -> str:  # its children, settled again
+            return "".join(f"        INSERT INTO {_q(WORK_SCHEMA, f'{c.name}_dirty')} SELECT {_cols(c)} FROM {_q(plan.schema, c.name)}"
+                           f" WHERE {_q(c.via or '')} = {row}.{_q(column)};\n" for c in keyed_tables(plan) if c.parent == parent)
         out.append(f"""CREATE TABLE {m} AS SELECT {_q(column)} AS v, 0::int AS shard FROM {root} WITH NO DATA;
 ALTER TABLE {m} ADD PRIMARY KEY (v);
 CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog AS $body$
 BEGIN
-    IF TG_OP <> 'INSERT' THEN DELETE FROM {m} WHERE v = OLD.{_q(column)}; END IF;
+    IF TG_OP = 'UPDATE' AND OLD.{_q(column)} IS NOT DISTINCT FROM NEW.{_q(column)} THEN RETURN NULL; END IF;  -- its partition, its shard
+    IF TG_OP <> 'INSERT' THEN
+        DELETE FROM {m} WHERE v = OLD.{_q(column)};
+{follow("OLD")}    END IF;
     IF TG_OP <> 'DELETE' THEN
         INSERT INTO {m} VALUES (NEW.{_q(column)}, {shard}) ON CONFLICT (v) DO UPDATE SET shard = EXCLUDED.shard;
-    END IF;
+{follow("NEW")}    END IF;
     RETURN NULL;
 END
 $body$;
