@@ -67,6 +67,8 @@ def staging_sql(plan: ImportPlan, database: str, t: TablePlan) -> str:
     here = shard_filter(shard, plan.targets[database])
     into = _fmt(f"INSERT INTO %I.{_q(t.name)} SELECT (x.r).* FROM pg_temp.pgidgen_r x WHERE x.shard = $1")
     out_of = _fmt(f"DELETE FROM %I.{_q(t.name)} WHERE ({pk}) IN (SELECT {pk} FROM pg_temp.pgidgen_d)")
+    empty = _fmt(f"TRUNCATE %I.{_q(t.name)}")
+    parent_map = _q(WORK_SCHEMA, f"{t.parent}_map")
     return f"""CREATE TABLE {table} (LIKE {first} INCLUDING INDEXES);
 CREATE TABLE {dirty} AS SELECT {pk} FROM {table} WITH NO DATA;
 CREATE TABLE {at} AS SELECT {pk}, 0::int AS shard FROM {table} WITH NO DATA;
@@ -85,29 +87,36 @@ DECLARE
     s int;
     n bigint;
 BEGIN
-    CREATE TEMP TABLE pgidgen_d AS SELECT {pk} FROM {table} WITH NO DATA;
-    IF whole THEN
+    IF whole THEN  -- every row, after the copy (again on a resume: the rows placed before taken out in bulk)
         DELETE FROM {dirty};
-        INSERT INTO pg_temp.pgidgen_d SELECT {pk} FROM {table};
+        FOR s IN SELECT DISTINCT a.shard FROM {at} a LOOP
+            EXECUTE pg_catalog.format({empty}, 'shard_' || s);
+        END LOOP;
+        TRUNCATE {at};
+        CREATE TEMP TABLE pgidgen_r AS SELECT {shard} AS shard, l AS r FROM {table} l
+            JOIN {parent_map} p ON p.v = l.{_q(t.via)} WHERE ({here}) ORDER BY 1;
+        GET DIAGNOSTICS n = ROW_COUNT;
     ELSE
+        CREATE TEMP TABLE pgidgen_d AS SELECT {pk} FROM {table} WITH NO DATA;
         WITH taken AS (DELETE FROM {dirty} RETURNING {pk}) INSERT INTO pg_temp.pgidgen_d SELECT {pk} FROM taken;
+        ANALYZE pg_temp.pgidgen_d;
+        FOR s IN SELECT DISTINCT a.shard FROM {at} a WHERE ({_cols(t, "a")}) IN (SELECT {pk} FROM pg_temp.pgidgen_d) LOOP
+            EXECUTE pg_catalog.format({out_of}, 'shard_' || s);
+        END LOOP;
+        DELETE FROM {at} a WHERE ({_cols(t, "a")}) IN (SELECT {pk} FROM pg_temp.pgidgen_d);
+        CREATE TEMP TABLE pgidgen_r AS SELECT {shard} AS shard, l AS r FROM {table} l
+            JOIN {parent_map} p ON p.v = l.{_q(t.via)}
+            WHERE ({_cols(t, "l")}) IN (SELECT {pk} FROM pg_temp.pgidgen_d) AND ({here}) ORDER BY 1;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        DROP TABLE pg_temp.pgidgen_d;
     END IF;
-    ANALYZE pg_temp.pgidgen_d;
-    FOR s IN SELECT DISTINCT a.shard FROM {at} a WHERE ({_cols(t, "a")}) IN (SELECT {pk} FROM pg_temp.pgidgen_d) LOOP
-        EXECUTE pg_catalog.format({out_of}, 'shard_' || s);
-    END LOOP;
-    DELETE FROM {at} a WHERE ({_cols(t, "a")}) IN (SELECT {pk} FROM pg_temp.pgidgen_d);
-    CREATE TEMP TABLE pgidgen_r AS SELECT {shard} AS shard, l AS r FROM {table} l
-        JOIN {_q(WORK_SCHEMA, f"{t.parent}_map")} p ON p.v = l.{_q(t.via)}
-        WHERE ({_cols(t, "l")}) IN (SELECT {pk} FROM pg_temp.pgidgen_d) AND ({here}) ORDER BY 1;
-    GET DIAGNOSTICS n = ROW_COUNT;
     CREATE INDEX ON pg_temp.pgidgen_r (shard);
     ANALYZE pg_temp.pgidgen_r;
     INSERT INTO {at} SELECT {", ".join(f"(x.r).{_q(c)}" for c in t.pk)}, x.shard FROM pg_temp.pgidgen_r x;
     FOR s IN SELECT DISTINCT x.shard FROM pg_temp.pgidgen_r x LOOP
         EXECUTE pg_catalog.format({into}, 'shard_' || s) USING s;
     END LOOP;
-    DROP TABLE pg_temp.pgidgen_d, pg_temp.pgidgen_r;
+    DROP TABLE pg_temp.pgidgen_r;
     RETURN n;
 END
 $body$;
