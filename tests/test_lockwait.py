@@ -2,6 +2,7 @@
 pgidgen for longer than the timeout, and the session that held the lock is named."""
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -68,7 +69,8 @@ def test_a_migration_that_cannot_get_its_lock_never_queues_the_application(dsn: 
     assert reader.longest < 0.1 + 0.5, f"the application waited {reader.longest:.2f} s behind a 0.1 s lock_timeout"
     pid = blocker.info.backend_pid
     message = caught.value.render()
-    assert message.startswith(f"gave up after 1 s waiting for a lock held by pid {pid} (monthly report), transaction open "), message
+    # the seconds it waited: 1.5 s and a try's lock_timeout, more on a loaded machine
+    assert re.match(rf"gave up after \d+ s waiting for a lock held by pid {pid} \(monthly report\), transaction open ", message), message
     assert message.endswith("s: SELECT count(*) FROM s.t (db1, shard s): end or wait for that transaction (pg_terminate_backend(pid)"
                             " ends it), then run again: what was applied stays applied"), message
     assert len(waits) >= 3 and all(h[0].pid == pid for h, _ in waits)
