@@ -315,8 +315,12 @@ class Ahead:
                 _read(c)
             token = uuid.uuid4().hex
             heartbeat.execute(f"INSERT INTO {_q(WORK_SCHEMA, 'heartbeat')} (token) VALUES (%s)".encode(), (token,))
-            for c in takes.values():
+            deadline = time.monotonic() + 600
+            for name, c in takes.items():
                 while c.execute(f"SELECT FROM {_q(WORK_SCHEMA, 'heartbeat')} WHERE token = %s".encode(), (token,)).fetchone() is None:
+                    if time.monotonic() > deadline:
+                        raise DatabaseError(f"database {name} did not catch up with the source in 10 minutes",
+                                            hint="the source serves on: look at that server's log, then pgidgen import --cutover again, or --rollback")
                     time.sleep(0.005)
             settle.settle(self.config, self.plan)
             taken = self._take(takes, first=first)
