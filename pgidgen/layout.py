@@ -126,6 +126,12 @@ class Layout:
             raise InputError(f"sequence {sequence} does not fit in {self.sequence_bits} bits")
         return (t << self.time_shift) | (shard << self.shard_shift) | sequence
 
+    def last_id(self, shard: int, counter: int, offset: int) -> int:
+        """The largest ID a shard's generator has handed out, from its counter and offset sequences' last_value
+        (Python twin of pgidgen.last_id: a move reads a batch's sequences in one statement)."""
+        v = min(counter + offset, self.max_time * self.ids_per_ms + self.ids_per_ms - 1)
+        return ((v >> self.sequence_bits) << self.time_shift) | (shard << self.shard_shift) | (v & (self.ids_per_ms - 1))
+
     @property
     def bits(self) -> int:
         return self.time_bits + self.shard_bits + self.sequence_bits

@@ -195,6 +195,18 @@ def test_last_id_and_advance_generator(dsn: str) -> None:
         assert conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()[0] == 0
 
 
+def test_the_python_twin_of_last_id_agrees_with_it(dsn: str) -> None:
+    """Layout.last_id (a move's pause reads a batch's generator sequences in one statement) gives pgidgen.last_id's
+    answer: a fresh shard, one that handed out IDs, one moved an hour ahead, one whose offset is past the layout's end."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT shard_1.next_id() FROM generate_series(1, 37)")
+        conn.execute("SELECT pgidgen.advance_generator(2, pgidgen.min_id(clock_timestamp() + interval '1 hour') | %s)", ((2 << SEQ_BITS) | 5,))
+        conn.execute("SELECT setval('shard_3.pgidgen_offset', %s)", (LAYOUT.max_time * LAYOUT.ids_per_ms + LAYOUT.ids_per_ms - 1,))
+        for shard in range(4):
+            counter, offset = (conn.execute(f"SELECT last_value FROM shard_{shard}.pgidgen_{name}").fetchone()[0] for name in ("counter", "offset"))
+            assert LAYOUT.last_id(shard, counter, offset) == conn.execute("SELECT pgidgen.last_id(%s)", (shard,)).fetchone()[0], shard
+
+
 def test_advance_generator_refuses_ids_beyond_the_layout(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         with pytest.raises(errors.NumericValueOutOfRange, match=r"-1 is not an ID of this layout \(IDs are not negative\)"):

@@ -233,6 +233,19 @@ def unretire_sql(shard: int, schema: str, retired: str, tables: Sequence[str]) -
     return "\n".join(lines) + "\n"
 
 
+#: The sequences of a shard's ID generator (the rest of a schema's sequences are its tables' own).
+GENERATOR_SEQUENCES = ("pgidgen_counter", "pgidgen_offset")
+
+#: The sequences of the schemas named (ANY(%s)), as (schema, name), through pg_depend's index on the referenced
+#: object (every relation but a composite type's and a TOAST table's depends on its schema): pg_class has no index
+#: on the schema.
+SEQUENCES_OF_SQL = """SELECT n.nspname, c.relname FROM pg_catalog.pg_namespace n
+JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_namespace'::pg_catalog.regclass AND d.refobjid = n.oid
+  AND d.refobjsubid = 0 AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype = 'n'
+JOIN pg_catalog.pg_class c ON c.oid = d.objid AND c.relkind = 'S'
+WHERE n.nspname = ANY(%s) ORDER BY 1, 2"""
+
+
 @dataclass
 class SeqValue:
     name: str

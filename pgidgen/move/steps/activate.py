@@ -35,9 +35,7 @@ class ActivateStep(MoverBase):
             # the cutover's snapshot was lost (with an interrupted run, or a connection: steps/ride.py); the source
             # is retired and nobody serves the shard until this commits: the target as it stands is the cutover point
             self.snapshot = self._target_snapshot()
-        last_ids = {int(r[0]): int(r[1]) for r in self.admin.execute(
-            "SELECT s, pgidgen.last_id(s) FROM pg_catalog.unnest(%s::int[]) s", (self.shards,))}
-        seqs = self._sequence_values({c.shard: c.source_schema for c in self.ctxs})
+        last_ids, seqs = self._generators_and_sequences({c.shard: c.source_schema for c in self.ctxs})
         skew = float(self.rec.detail.get("skew_ms", 0.0))
         unc = float(self.rec.detail.get("skew_uncertainty_ms", 0.0))
         ahead = math.ceil(-skew + unc) + 1
@@ -74,18 +72,29 @@ class ActivateStep(MoverBase):
         """The batch's DDL-ledger rows as SQL for the target (read before the pause: apply-ddl waits for moves)."""
         return ledger_copy_sql_of(self.admin, self.shards)
 
-    def _sequence_values(self, schemas: dict[int, str]) -> dict[int, list[q.SeqValue]]:
-        """The shards' own sequences (serial, identity, ...) as they stand: last_value and is_called read from
-        each sequence itself (pg_sequences shows NULL for one not yet called, as after ALTER SEQUENCE ... RESTART,
-        and for one the reader may not see; carrying its start value instead would hand values out again)."""
+    def _generators_and_sequences(self, schemas: dict[int, str]) -> tuple[dict[int, int], dict[int, list[q.SeqValue]]]:
+        """In the pause, after the source's flip: each shard's last ID (its generator's counter and offset, as
+        pgidgen.last_id reads them) and its own sequences (serial, identity, ...) as they stand, in two statements
+        for the batch: the sequences' names through pg_depend's index (each depends on its schema; pg_class has
+        no index on the schema, and a pass over it took 50 ms at 8192 shards), then every value in one read.
+        last_value and is_called come from each sequence itself (pg_sequences shows NULL for one not yet called,
+        as after ALTER SEQUENCE ... RESTART, and for one the reader may not see; carrying its start value instead
+        would hand values out again)."""
         shard_of = {schema: shard for shard, schema in schemas.items()}
-        names = [(r[0], r[1]) for r in self.admin.execute(
-            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ANY(%s) AND c.relkind = 'S'"
-            " AND c.relname NOT IN ('pgidgen_counter', 'pgidgen_offset') ORDER BY 1, 2", (list(schemas.values()),))]
+        names = [(str(r[0]), str(r[1])) for r in self.admin.execute(q.SEQUENCES_OF_SQL, (list(schemas.values()),))]
+        reads = [f"SELECT {q.literal(s)}, {q.literal(n)}, last_value, is_called FROM {q.ident(s, n)}" for s, n in names]
+        found = set(names)
+        missing = [f"{s}.{n}" for s in schemas.values() for n in q.GENERATOR_SEQUENCES if (s, n) not in found]
+        if missing:
+            raise MoveError(f"the source copy lost its ID generator's sequence {missing[0]}", where=self.ctx.source,
+                            hint=f"see 'pgidgen status --drift'; then --resume {self.ctx.shard}")
+        values: dict[tuple[str, str], tuple[int, bool]] = {}
+        for r in self.admin.execute(" UNION ALL ".join(reads)):
+            values[(str(r[0]), str(r[1]))] = (int(r[2]), bool(r[3]))
+        layout = self.ctx.layout
+        last_ids = {shard: layout.last_id(shard, values[(s, "pgidgen_counter")][0], values[(s, "pgidgen_offset")][0]) for shard, s in schemas.items()}
         out: dict[int, list[q.SeqValue]] = {}
-        if not names:
-            return out
-        query = " UNION ALL ".join(f"SELECT {q.literal(s)}, {q.literal(n)}, last_value, is_called FROM {q.ident(s, n)}" for s, n in names)
-        for r in self.admin.execute(query):
-            out.setdefault(shard_of[r[0]], []).append(q.SeqValue(r[1], int(r[2]), bool(r[3])))
-        return out
+        for (s, n), (last, called) in values.items():
+            if n not in q.GENERATOR_SEQUENCES:
+                out.setdefault(shard_of[s], []).append(q.SeqValue(n, last, called))
+        return last_ids, out
