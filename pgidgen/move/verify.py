@@ -142,6 +142,50 @@ def column_hashes_of(conn: psycopg.Connection[Any], schemas: Sequence[str]) -> d
     return out
 
 
+#: At most this many tables are checksummed in one statement (compare_many): a batch of 100 shards took some
+#: 500 round trips a side table by table (a savepoint, the query, its release), 0.6 s at 8192 shards.
+TABLES_PER_STATEMENT = 100
+
+
+def _native_in_one(conn: psycopg.Connection[Any], items: Sequence[tuple[str, str, list[ColumnHash]]]) -> list[tuple[int, str]] | None:
+    """checksums() of (schema, table, columns) items in the native form, in one statement, in their order; None
+    when one of them cannot take that form on this side (the caller then goes table by table, as checksums does)."""
+    if not items:
+        return []
+    sql = " UNION ALL ".join(f"SELECT {k}, c.* FROM ({checksum_sql(schema, table, cols)}) AS c" for k, (schema, table, cols) in enumerate(items))
+    try:
+        with conn.transaction():  # a savepoint inside the caller's snapshot
+            got = {int(r[0]): (int(r[1]), str(r[2])) for r in conn.execute(sql)}
+    except (psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedColumn):
+        return None
+    return [got[k] for k in range(len(items))]
+
+
+def _checksums_of(
+    conn: psycopg.Connection[Any], pairs: Sequence[tuple[str, Sequence[str], dict[str, list[ColumnHash]]]],
+) -> list[tuple[dict[str, tuple[int, str]], dict[str, int]]]:
+    """checksums() of each (schema, tables, columns) of a batch, TABLES_PER_STATEMENT tables at a time in one
+    statement; a run with a table the native form does not fit goes shard by shard through checksums()."""
+    conn.execute(VERIFY_SETTINGS.replace("SET ", "SET LOCAL ") if not conn.autocommit else VERIFY_SETTINGS)
+    out: list[tuple[dict[str, tuple[int, str]], dict[str, int]]] = []
+    start = 0
+    while start < len(pairs):
+        end, n = start, 0
+        while end < len(pairs) and (n == 0 or n + len(pairs[end][1]) <= TABLES_PER_STATEMENT):
+            n += len(pairs[end][1])
+            end += 1
+        run = pairs[start:end]
+        sums = _native_in_one(conn, [(schema, t, cols.get(t, [])) for schema, tables, cols in run for t in tables])
+        for schema, tables, cols in run:
+            if sums is None:
+                out.append(checksums(conn, schema, tables, cols))
+            else:
+                out.append((dict(zip(tables, sums[:len(tables)], strict=True)), dict.fromkeys(tables, NATIVE)))
+                sums = sums[len(tables):]
+        start = end
+    return out
+
+
 def compare_many(
     source: psycopg.Connection[Any],
     target: psycopg.Connection[Any],
@@ -154,7 +198,7 @@ def compare_many(
     columns = column_hashes_of(source, [p[0] for p in pairs])
 
     def side(conn: psycopg.Connection[Any], mine: int) -> list[tuple[dict[str, tuple[int, str]], dict[str, int]]]:
-        return [checksums(conn, p[0] if mine == 0 else p[1], p[2], columns[p[0]]) for p in pairs]
+        return _checksums_of(conn, [(p[0] if mine == 0 else p[1], p[2], columns[p[0]]) for p in pairs])
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         fs, ft = pool.submit(side, source, 0), pool.submit(side, target, 1)
