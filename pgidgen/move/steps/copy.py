@@ -193,8 +193,10 @@ class CopySteps(MoverBase):
         with self.admin.transaction():
             source = read(self.admin)
         theirs = read(self.tgt)
-        execute_script(self.tgt, "\n".join(dq.revoke_grants_sql(s, source[s], theirs[s]) for s in schemas))
-        theirs = read(self.tgt)
+        revoke = "\n".join(r for r in (dq.revoke_grants_sql(s, source[s], theirs[s]) for s in schemas) if r)
+        if revoke:  # what a revoke took away (a column's too, with its table's) is read again
+            execute_script(self.tgt, revoke)
+            theirs = read(self.tgt)
         execute_script(self.tgt, "\n".join(dq.grant_missing_sql(s, source[s], theirs[s]) for s in schemas))
 
     def _copy_progress(self) -> Callable[[str, int], None] | None:
