@@ -3,9 +3,9 @@ at every step then rollback and resume of the whole batch; batches cut smaller w
 from __future__ import annotations
 
 import json
-from typing import Any
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest

@@ -139,3 +139,20 @@ def test_a_schema_changed_after_the_dump_is_dumped_again_by_its_batch(config: Co
     with psycopg.connect(config.dsn("db3"), autocommit=True) as c:
         assert c.execute("SELECT count(*), min(extra) FROM shard_3.t").fetchone() == (20, 7)
     assert leftovers(config.databases) == []
+
+
+def test_relations_found_through_pg_depend_are_a_pass_over_pg_class(fresh_dsns: dict[str, str]) -> None:
+    """sqltext.relations_of (a batch's catalog checks find their schemas' relations through pg_depend's index)
+    finds every relation of the schemas a pass over pg_class finds, of every kind app.sql makes, and no other."""
+    from pgidgen.move.sqltext import relations_of
+
+    dsn = fresh_dsns["db1"]
+    _rich(dsn)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TYPE shard_2.pair AS (a int, b text); CREATE TABLE shard_2.ided (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY)")
+        n = "(SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = ANY(%(schemas)s))"
+        found = c.execute(f"SELECT c.oid, c.relkind::text FROM ({relations_of(n, 'c.oid, c.relkind')}) c", {"schemas": RICH}).fetchall()
+        scanned = c.execute("SELECT c.oid, c.relkind::text FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+                            " WHERE n.nspname = ANY(%(schemas)s)", {"schemas": RICH}).fetchall()
+    assert sorted(found) == sorted(scanned) and len(found) == len(set(found))
+    assert {k for _, k in found} >= {"r", "p", "i", "I", "S", "v", "m", "c"}, {k for _, k in found}

@@ -338,8 +338,8 @@ def check_room(conns: dict[str, psycopg.Connection[Any]], at_once: list[tuple[st
 #: fails the restore halfway ("role ... does not exist"), after the slot and publication exist.
 ROLES_OF_SCHEMA_SQL = """
 WITH n AS (SELECT oid, nspowner, nspacl FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s),
-cls AS MATERIALIZED (  -- one pass over pg_class (no index on the schema), not one per join
-    SELECT c.oid, c.relnamespace, c.relowner, c.relacl FROM pg_catalog.pg_class c WHERE c.relnamespace IN (SELECT oid FROM n)),
+cls AS MATERIALIZED (  -- read once (sqltext.relations_of: pg_class has no index on the schema), not once per join
+    """ + q.relations_of("n", "c.oid, c.relnamespace, c.relowner, c.relacl") + """),
 objs (owner, acl) AS (
     SELECT nspowner, nspacl FROM n
     UNION ALL SELECT c.relowner, c.relacl FROM cls c

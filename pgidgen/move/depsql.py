@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .sqltext import ident
+from .sqltext import ident, relations_of
 
 #: The schema of a pg_depend dependent (classid, objid, objsubid): its own, or, for objects without one (column
 #: defaults, rules, triggers, policies), their table's.
@@ -112,19 +112,20 @@ assert "%(schema)s" not in OUTSIDE_DEPENDENTS_ANY_SQL
 #: each belongs to (an array type by its element's) and that extension's schema, or NULLs.
 EXTERNAL_REFERENCES_SQL = """
 WITH n AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s),
+rels AS MATERIALIZED (""" + relations_of("n", "c.oid") + """),  -- read once, through pg_depend's index
 d (classid, objid) AS (
-    SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, c.oid FROM pg_catalog.pg_class c JOIN n ON c.relnamespace = n.oid
+    SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, c.oid FROM rels c
     UNION ALL SELECT 'pg_catalog.pg_type'::pg_catalog.regclass, t.oid FROM pg_catalog.pg_type t JOIN n ON t.typnamespace = n.oid
     UNION ALL SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid FROM pg_catalog.pg_proc p JOIN n ON p.pronamespace = n.oid
     UNION ALL SELECT 'pg_catalog.pg_constraint'::pg_catalog.regclass, co.oid FROM pg_catalog.pg_constraint co JOIN n ON co.connamespace = n.oid
     UNION ALL SELECT 'pg_catalog.pg_attrdef'::pg_catalog.regclass, ad.oid FROM pg_catalog.pg_attrdef ad
-              JOIN pg_catalog.pg_class c ON c.oid = ad.adrelid JOIN n ON c.relnamespace = n.oid
+              JOIN rels c ON c.oid = ad.adrelid
     UNION ALL SELECT 'pg_catalog.pg_rewrite'::pg_catalog.regclass, r.oid FROM pg_catalog.pg_rewrite r
-              JOIN pg_catalog.pg_class c ON c.oid = r.ev_class JOIN n ON c.relnamespace = n.oid
+              JOIN rels c ON c.oid = r.ev_class
     UNION ALL SELECT 'pg_catalog.pg_trigger'::pg_catalog.regclass, tg.oid FROM pg_catalog.pg_trigger tg
-              JOIN pg_catalog.pg_class c ON c.oid = tg.tgrelid JOIN n ON c.relnamespace = n.oid
+              JOIN rels c ON c.oid = tg.tgrelid
     UNION ALL SELECT 'pg_catalog.pg_policy'::pg_catalog.regclass, po.oid FROM pg_catalog.pg_policy po
-              JOIN pg_catalog.pg_class c ON c.oid = po.polrelid JOIN n ON c.relnamespace = n.oid),
+              JOIN rels c ON c.oid = po.polrelid),
 r AS (SELECT DISTINCT dep.refclassid, dep.refobjid FROM pg_catalog.pg_depend dep JOIN d ON dep.classid = d.classid AND dep.objid = d.objid
       WHERE dep.deptype = 'n')
 SELECT a.type, a.object_names, a.object_args, i.type || ' ' || i.identity, ext.extname, ext.nspname

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from ..db import connect, server_encoding
+from .sqltext import relations_of
 from .transfer import COPY_SECTIONS, SchemaDump, script_of
 
 if TYPE_CHECKING:
@@ -130,9 +131,9 @@ def _without_state(lines: list[bytes], state: dict[bytes, bytes]) -> bytes:
 
 #: Per schema, an md5 of its catalog rows' (catalog, oid, sub-id, xmin): what pg_dump prints of a schema is in
 #: these rows, and any change to one makes a new row version. At a dump's snapshot, then when a batch starts.
-FINGERPRINT_SQL = """
+FINGERPRINT_SQL = f"""
 WITH n AS (SELECT oid, nspname FROM pg_catalog.pg_namespace WHERE nspname = ANY(%(schemas)s)),
-rel AS (SELECT c.oid, n.nspname, c.xmin FROM pg_catalog.pg_class c JOIN n ON c.relnamespace = n.oid),
+rel AS MATERIALIZED ({relations_of("n", "c.oid, n.nspname, c.xmin")}),
 objs AS (
     SELECT n.nspname, 'n' AS k, x.oid, 0 AS sub, x.xmin FROM pg_catalog.pg_namespace x JOIN n ON x.oid = n.oid
     UNION ALL SELECT r.nspname, 'c', r.oid, 0, r.xmin FROM rel r

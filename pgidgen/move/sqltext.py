@@ -236,9 +236,26 @@ def unretire_sql(shard: int, schema: str, retired: str, tables: Sequence[str]) -
 #: The sequences of a shard's ID generator (the rest of a schema's sequences are its tables' own).
 GENERATOR_SEQUENCES = ("pgidgen_counter", "pgidgen_offset")
 
-#: The sequences of the schemas named (ANY(%s)), as (schema, name), through pg_depend's index on the referenced
-#: object (every relation but a composite type's and a TOAST table's depends on its schema): pg_class has no index
-#: on the schema.
+_ON_SCHEMA = ("JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_namespace'::pg_catalog.regclass AND d.refobjid = n.oid"
+              " AND d.refobjsubid = 0 AND d.deptype = 'n' AND d.classid = 'pg_catalog.{catalog}'::pg_catalog.regclass")
+
+
+def relations_of(schemas: str, select: str) -> str:
+    """`SELECT select` over every relation (pg_class c) of the schemas (n: a CTE or parenthesised query with their
+    oid), found through pg_depend's index on the referenced object instead of a pass over pg_class, which has no
+    index on the schema (22 ms at 8192 shards, in every query of a batch's checks). Each relation depends on its
+    schema but an index (found through pg_index, its table's), a composite type's (its type does) and a TOAST
+    table (in pg_toast). tests/test_move_schemacache.py holds it to a pass over pg_class."""
+    return "\n  UNION ALL ".join((
+        f"SELECT {select} FROM {schemas} n {_ON_SCHEMA.format(catalog='pg_class')} JOIN pg_catalog.pg_class c ON c.oid = d.objid",
+        f"SELECT {select} FROM {schemas} n {_ON_SCHEMA.format(catalog='pg_class')}"
+        " JOIN pg_catalog.pg_index i ON i.indrelid = d.objid JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid",
+        f"SELECT {select} FROM {schemas} n {_ON_SCHEMA.format(catalog='pg_type')}"
+        " JOIN pg_catalog.pg_type t ON t.oid = d.objid AND t.typtype = 'c' JOIN pg_catalog.pg_class c ON c.oid = t.typrelid",
+    ))
+
+
+#: The sequences of the schemas named (ANY(%s)), as (schema, name), through pg_depend's index (relations_of).
 SEQUENCES_OF_SQL = """SELECT n.nspname, c.relname FROM pg_catalog.pg_namespace n
 JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_namespace'::pg_catalog.regclass AND d.refobjid = n.oid
   AND d.refobjsubid = 0 AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype = 'n'

@@ -22,8 +22,11 @@ SCHEMA_ITEMS_MANY_SQL = ITEMS_SQL.replace(
     FROM pgidgen.shards sh JOIN pg_catalog.pg_namespace n ON n.nspname = sh.schema_name
     WHERE sh.state IN ('active', 'moving') {filter}""",
     """    SELECT n.oid AS nsp, n.nspname, n.oid::pg_catalog.int8 AS shard FROM pg_catalog.pg_namespace n WHERE n.nspname = ANY(%(schemas)s)""",
+).replace(  # a batch's schemas: their relations through pg_depend's index, not a pass over pg_class
+    "    SELECT c.* FROM pg_catalog.pg_class c WHERE c.relnamespace IN (SELECT nsp FROM s)",
+    "    " + q.relations_of("(SELECT nsp AS oid FROM s)", "c.*"),
 ).replace("{index_filter}", "AND ix.indisvalid") + "SELECT s.nspname, replace(i.item, s.nspname || '.', 'shard_N.') FROM items i JOIN s ON s.shard = i.shard"
-assert "%(schemas)s" in SCHEMA_ITEMS_MANY_SQL
+assert "%(schemas)s" in SCHEMA_ITEMS_MANY_SQL and "pg_depend d" in SCHEMA_ITEMS_MANY_SQL
 
 
 def schema_items_many(conn: psycopg.Connection[Any], schemas: list[str]) -> dict[str, set[str]]:
