@@ -420,3 +420,23 @@ def test_a_batch_is_checksummed_in_few_statements_and_a_table_that_cannot_falls_
     assert len(statements) == 6  # three runs a side
     assert sorted(t.table for t in v.mismatches()) == ["s1.a", "s4.b", "s5.a"]
     assert {t.table: t.source_rows for t in v.tables}["s5.a"] == 30 and {t.table: t.target_rows for t in v.tables}["s5.a"] == 29
+
+
+def test_a_generator_sequence_gone_after_the_flip_stops_the_activation_until_it_is_back(config: Config) -> None:
+    """The pause reads the retired copies' generator sequences in one statement: one that is gone (renamed here;
+    dropping it takes CASCADE) is named, nothing activates, and the resume once it is back carries the generator."""
+    setup_shards(config, rows=20)
+    with pytest.raises(Crash):
+        move_shards(config, BATCH, "db3", hook=crash_at("activate"))
+    retired = state_of(config.dsn("db1"), 2)[1]  # type: ignore[index]
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute(f"ALTER SEQUENCE {retired}.pgidgen_offset RENAME TO elsewhere")
+    with pytest.raises(MoveError, match=rf"the source copy lost its ID generator's sequence {retired}\.pgidgen_offset") as info:
+        resume_move(config, 0)
+    assert "put that sequence back" in (info.value.hint or "")
+    assert all(state_of(config.dsn("db3"), s)[0] == "incoming" for s in BATCH)  # type: ignore[index]
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        c.execute(f"ALTER SEQUENCE {retired}.elsewhere RENAME TO pgidgen_offset")
+    report = resume_move(config, 0)
+    assert report.status == "done" and report.verification is not None and report.verification.ok
+    assert all(state_of(config.dsn("db3"), s)[0] == "active" for s in BATCH)  # type: ignore[index]

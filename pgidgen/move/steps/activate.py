@@ -87,7 +87,7 @@ class ActivateStep(MoverBase):
         missing = [f"{s}.{n}" for s in schemas.values() for n in q.GENERATOR_SEQUENCES if (s, n) not in found]
         if missing:
             raise MoveError(f"the source copy lost its ID generator's sequence {missing[0]}", where=self.ctx.source,
-                            hint=f"see 'pgidgen status --drift'; then --resume {self.ctx.shard}")
+                            hint=f"nothing serves these shards until the move activates: put that sequence back under its name with its value, then --resume {self.ctx.shard}")
         values: dict[tuple[str, str], tuple[int, bool]] = {}
         for r in self.admin.execute(" UNION ALL ".join(reads)):
             values[(str(r[0]), str(r[1]))] = (int(r[2]), bool(r[3]))
