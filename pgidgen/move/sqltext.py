@@ -256,11 +256,8 @@ def relations_of(schemas: str, select: str) -> str:
 
 
 #: The sequences of the schemas named (ANY(%s)), as (schema, name), through pg_depend's index (relations_of).
-SEQUENCES_OF_SQL = """SELECT n.nspname, c.relname FROM pg_catalog.pg_namespace n
-JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_namespace'::pg_catalog.regclass AND d.refobjid = n.oid
-  AND d.refobjsubid = 0 AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype = 'n'
-JOIN pg_catalog.pg_class c ON c.oid = d.objid AND c.relkind = 'S'
-WHERE n.nspname = ANY(%s) ORDER BY 1, 2"""
+SEQUENCES_OF_SQL = ("SELECT n.nspname, c.relname FROM pg_catalog.pg_namespace n " + _ON_SCHEMA.format(catalog="pg_class")
+                    + " JOIN pg_catalog.pg_class c ON c.oid = d.objid AND c.relkind = 'S' WHERE n.nspname = ANY(%s) ORDER BY 1, 2")
 
 
 @dataclass
