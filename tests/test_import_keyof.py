@@ -4,8 +4,9 @@ that leaves the shards empty and nothing behind."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -15,8 +16,8 @@ from test_import import SHARDS, _config_file, _rows, source, two  # noqa: F401
 
 from pgidgen.cli import main
 from pgidgen.config import Config
-from pgidgen.importing import resume_import, rollback_import, start_import
-from pgidgen.importing.keyof import parse_key_of
+from pgidgen.importing import ImportResult, resume_import, rollback_import, start_import
+from pgidgen.importing.keyof import KeyOf, parse_key_of
 from pgidgen.init import init
 from pgidgen.move.rebalance import rebalance
 from pgidgen.routing import Router
@@ -44,21 +45,19 @@ def _placed(cfg: Config) -> dict[int, int]:
     return at
 
 
-def test_key_of_rows_follow_their_parent_under_a_writer(keyed: str, two: Config) -> None:  # noqa: F811
+def _under_writer(source: str, cfg: Config, route: dict[str, KeyOf], step: Callable[[psycopg.Connection[Any], int], None]) -> ImportResult:
+    """The import followed and cut over while a writer runs step(conn, n) in a transaction, n = 0, 1, ... until a
+    write is refused (the cutover's); asserted done, after more than 10 steps."""
     stop = threading.Event()
     done_ops: list[int] = []
 
     def write() -> None:
-        with psycopg.connect(keyed, autocommit=True) as c:
+        with psycopg.connect(source, autocommit=True) as c:
             n = 0
             while not stop.is_set():
                 try:
                     with c.transaction():
-                        c.execute("INSERT INTO likes (photo_id, n) VALUES (%s, %s)", (1 + n % 300, -n))
-                        c.execute("UPDATE likes SET photo_id = 1 + (photo_id + 7) %% 300 WHERE id = %s", (1 + n % 400,))  # to another parent
-                        c.execute("DELETE FROM likes WHERE id = %s", (400 - n % 400,))
-                        if n % 25 == 0:
-                            c.execute("DELETE FROM photos WHERE id = %s", (300 - n // 25,))  # its likes go by cascade
+                        step(c, n)
                 except psycopg.Error:
                     return
                 done_ops.append(n)
@@ -66,12 +65,24 @@ def test_key_of_rows_follow_their_parent_under_a_writer(keyed: str, two: Config)
 
     th = threading.Thread(target=write, daemon=True)
     th.start()
-    followed = start_import(two, keyed, schema="public", key="user_id", skip=["countries"], key_of=ROUTE, follow=True)
+    followed = start_import(cfg, source, schema="public", key="user_id", skip=["countries"], key_of=route, follow=True)
     assert followed.step == "copied"
-    done = resume_import(two, keyed, schema="public", cutover=True)
+    done = resume_import(cfg, source, schema="public", cutover=True)
     th.join(30)
     stop.set()
     assert done.step == "done" and len(done_ops) > 10
+    return done
+
+
+def test_key_of_rows_follow_their_parent_under_a_writer(keyed: str, two: Config) -> None:  # noqa: F811
+    def step(c: psycopg.Connection[Any], n: int) -> None:
+        c.execute("INSERT INTO likes (photo_id, n) VALUES (%s, %s)", (1 + n % 300, -n))
+        c.execute("UPDATE likes SET photo_id = 1 + (photo_id + 7) %% 300 WHERE id = %s", (1 + n % 400,))  # to another parent
+        c.execute("DELETE FROM likes WHERE id = %s", (400 - n % 400,))
+        if n % 25 == 0:
+            c.execute("DELETE FROM photos WHERE id = %s", (300 - n // 25,))  # its likes go by cascade
+
+    done = _under_writer(keyed, two, ROUTE, step)
     with psycopg.connect(keyed) as c:
         want = dict(c.execute("SELECT l.id, p.user_id FROM likes l JOIN photos p ON p.id = l.photo_id").fetchall())
     assert done.verified["likes"] == len(want)
@@ -186,3 +197,60 @@ def test_a_parent_whose_key_changes_takes_its_children_along(keyed: str, two: Co
     placed = _placed(two)
     assert placed == {like: user % SHARDS for like, user in want.items()}
     assert {placed[like] for like in moved} == {3, 9}
+
+
+COMMENTS = """
+CREATE TABLE comments (id bigserial PRIMARY KEY, like_id bigint NOT NULL REFERENCES likes (id) ON DELETE CASCADE, body text);
+CREATE INDEX ON comments (like_id);
+INSERT INTO comments (like_id, body) SELECT 1 + g % 400, 'comment ' || g FROM generate_series(1, 500) g;
+"""
+CHAIN = parse_key_of(["comments=like_id:likes.id", "likes=photo_id:photos.id"])
+
+
+def test_a_chain_of_key_of_follows_every_link_under_a_writer(keyed: str, two: Config) -> None:  # noqa: F811
+    """comments -> likes -> photos, the child named first. While the import follows and up to the cutover, a writer
+    adds comments, moves a comment to another like, a like to another photo (its comments follow it), a photo to
+    a user on the other database (its likes and their comments follow), and deletes a like (its comments go by
+    cascade). Every comment ends in the shard of its like's photo's user, once, and the verification agrees."""
+    with psycopg.connect(keyed, autocommit=True) as c:
+        c.execute(COMMENTS)
+
+    def step(c: psycopg.Connection[Any], n: int) -> None:
+        c.execute("INSERT INTO comments (like_id, body) VALUES (%s, 'new')", (1 + n * 13 % 380,))
+        c.execute("UPDATE comments SET like_id = %s WHERE id = %s", (1 + n * 7 % 380, 1 + n % 500))
+        c.execute("UPDATE likes SET photo_id = 1 + (photo_id + 7) %% 290 WHERE id = %s", (1 + 2 * n % 380,))
+        c.execute("UPDATE photos SET user_id = CASE WHEN user_id < 100 THEN user_id + 8 ELSE user_id - 80 END WHERE id = %s",
+                  (1 + 3 * n % 290,))  # to another shard, of the other database or of its own
+        if n % 5 == 0:
+            c.execute("DELETE FROM likes WHERE id = (SELECT max(id) FROM likes) AND id > 385")
+
+    done = _under_writer(keyed, two, CHAIN, step)
+    with psycopg.connect(keyed) as c:
+        want = dict(c.execute("SELECT m.id, p.user_id FROM comments m JOIN likes l ON l.id = m.like_id JOIN photos p ON p.id = l.photo_id").fetchall())
+    assert done.verified["comments"] == len(want)
+    at: dict[int, int] = {}
+    for shard, (comment,) in _rows(two, "comments", "id"):
+        assert comment not in at, f"comment {comment} in shards {at[comment]} and {shard}"
+        at[comment] = shard
+    assert at == {comment: user % SHARDS for comment, user in want.items()}
+    for dsn in two.databases.values():  # on both databases
+        with psycopg.connect(dsn) as c:
+            shards = [r[0] for r in c.execute("SELECT shard FROM pgidgen.shards WHERE state = 'active'")]
+        assert set(at.values()) & set(shards)
+    assert leftovers({"source": keyed, **two.databases}) == []
+
+
+@pytest.mark.parametrize("setup, key_of, message", [
+    ("", ["comments=like_id:likes.id", "likes=photo_id:comments.id"], "--key-of comments: its parents come back on themselves (comments -> likes -> comments)"),
+    ("", ["comments=like_id:likes.n", "likes=photo_id:photos.id"], "--key-of comments: public.likes.n is not unique"),
+    ("CREATE UNIQUE INDEX ON likes (n)", ["comments=like_id:likes.n", "likes=photo_id:photos.id"],
+     "--key-of comments: public.likes.n is not the primary key of likes, which is routed by --key-of"),
+    ("", ["comments=like_id:likes.id"], "--key-of comments: its parent public.likes has no column user_id"),
+])
+def test_a_chain_refused_before_anything_is_written(keyed: str, two: Config, tmp_path: Path, setup: str, key_of: list[str], message: str) -> None:  # noqa: F811
+    with psycopg.connect(keyed, autocommit=True) as c:
+        c.execute(COMMENTS + setup)
+    args = [a for k in key_of for a in ("--key-of", k)]
+    result = CliRunner().invoke(main, ["--config", _config_file(two, tmp_path), "import", keyed, "--key", "user_id", "--skip", "countries", *args])
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert leftovers({"source": keyed, **two.databases}) == []

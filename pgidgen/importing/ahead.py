@@ -43,7 +43,7 @@ from ..errors import DatabaseError
 from ..idgen import schema_name
 from . import settle
 from .source import WORK_SCHEMA, ImportPlan, TablePlan, shard_expr
-from .sqltext import TEXT_FORM_SQL, checksum_sql, checksum_terms, shard_checksums_sql
+from .sqltext import TEXT_FORM_SQL, checksum_sql, checksum_terms, parent_join, shard_checksums_sql
 
 #: rounds ahead of the pause stop when this few values wait (the pause reads their rows by index)
 FEW = 2000
@@ -79,7 +79,7 @@ def _function_sql(plan: ImportPlan, t: TablePlan, *, armed: bool) -> str:
         return ", ".join(f"({_s(sql.Literal(tbl))}, {row}.{_q(col)}::text, TG_TABLE_SCHEMA, {d})" for tbl, col in pairs)
     whole = ", ".join(f"({_s(sql.Literal(tbl))}, NULL, TG_TABLE_SCHEMA, 0)" for tbl, _ in recs)
     own, children = recs[:1], recs[1:]
-    moved = " OR ".join([f"OLD.{_q(plan.key)} IS DISTINCT FROM NEW.{_q(plan.key)}"] +
+    moved = " OR ".join([f"OLD.{_q(route_column(plan, t))} IS DISTINCT FROM NEW.{_q(route_column(plan, t))}"] +
                         [f"OLD.{_q(col)} IS DISTINCT FROM NEW.{_q(col)}" for _, col in children])
     body = "    RETURN NULL;\n" if not armed else (
         f"    IF TG_TABLE_SCHEMA = {_s(sql.Literal(WORK_SCHEMA))} THEN RETURN NULL; END IF;  -- a catch-all: other databases' rows\n"
@@ -156,10 +156,8 @@ def _values_sql(plan: ImportPlan, t: TablePlan, typ: str, by_text: bool) -> str:
     if not t.parent:
         return _placed(f"SELECT {_q('pgidgen_row', col)}::text, {_s(shard_expr(plan.key, plan.shard_count))}, {terms}"
                        f" FROM {_q(plan.schema, t.name)} AS pgidgen_row WHERE {want} GROUP BY 1, 2")
-    n = plan.shard_count
-    return _placed(f"SELECT {_q('pgidgen_row', col)}::text, ((({_q('pgidgen_parent', plan.key)} % {n}) + {n}) % {n}), {terms}"
-            f" FROM {_q(plan.schema, t.name)} AS pgidgen_row LEFT JOIN {_q(plan.schema, t.parent)} AS pgidgen_parent"
-                   f" ON {_q('pgidgen_parent', t.parent_column or '')} = {_q('pgidgen_row', col)} WHERE {want} GROUP BY 1, 2")
+    joins, shard = parent_join(plan, t)
+    return _placed(f"SELECT {_q('pgidgen_row', col)}::text, {shard}, {terms} FROM {_q(plan.schema, t.name)} AS pgidgen_row{joins} WHERE {want} GROUP BY 1, 2")
 
 
 def _shard_values_sql(plan: ImportPlan, t: TablePlan, typ: str, by_text: bool, schemas: list[str]) -> str:
@@ -294,11 +292,23 @@ class Ahead:
 
     def _values(self, source: psycopg.Connection[Any], conns: dict[str, psycopg.Connection[Any]], keys: list[Key],
                 locations: dict[Key, set[str]]) -> tuple[dict[Key, Sums], dict[Key, Sums]]:
-        """The values' rows on the source and on the targets, read at once."""
+        """The values' rows on the source and on the targets, read at once; then, for a --key-of value, the
+        targets' rows in the shards where the source has them and the first read did not look. Such a row's shard
+        follows its parent's, on each target when that target settles the parent's change: a change the source
+        made after its snapshot may be settled on one target and not yet on another, whose rows of the value are
+        still where they were, where the source's snapshot has them too, and nothing written there recorded it."""
+        where = self._where(locations, keys)
         with ThreadPoolExecutor(max_workers=1) as pool:
             found = pool.submit(self._source_values, source, keys)
-            have = self._target_values(conns, self._where(locations, keys))
-            return found.result(), have
+            have = self._target_values(conns, where)
+            want = found.result()
+        routed = {t.name for t in self.plan.tables if t.parent}
+        more = {k: extra for k in keys if k[0] in routed
+                and (extra := {schema_name(s) for s in want.get(k, {}) if s is not None} - where[k])}
+        if more:
+            for k, sums in self._target_values(conns, more).items():
+                have[k].update(sums)
+        return want, have
 
     def round(self, dsn: str, heartbeat: psycopg.Connection[Any], say: Say) -> list[str]:
         """One round ahead of the pause (the first compares whole); the problems found."""

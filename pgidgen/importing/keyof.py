@@ -1,10 +1,13 @@
 """--key-of: tables that reach the key through a foreign key (`likes=photo_id:photos.id`), read and refused.
 
 A row of such a table has no key column; its key is the key of the parent row whose PARENTCOL equals the row's
-COLUMN. One hop: the parent holds the key column itself. Refused up front, each with one line: a spelling that is
-not TABLE=COLUMN:PARENT.PARENTCOL, an unknown table or column, a parent that is the table itself, skipped or
-without the key, a PARENTCOL that is not unique, a child column with NULLs or values no parent has, and a child
-without a primary key (its rows are found again by it when they change). settle.py routes the rows.
+COLUMN. The parent holds the key column itself, or is routed by --key-of in turn (a chain: comments -> likes ->
+photos), in which case PARENTCOL is its one-column primary key (its rows' shards are kept by it, settle.py).
+Refused up front, each with one line: a spelling that is not TABLE=COLUMN:PARENT.PARENTCOL, an unknown table or
+column, a parent that is the table itself, skipped, or neither with the key nor routed, a chain that comes back
+on itself, a PARENTCOL that is not unique (or, on a routed parent, not its primary key), a child column with NULLs
+or values no parent has, and a child without a primary key (its rows are found again by it when they change).
+settle.py routes the rows.
 """
 from __future__ import annotations
 
@@ -53,6 +56,14 @@ def _columns(conn: psycopg.Connection[Any], schema: str, table: str) -> list[str
         (sql.Identifier(schema, table).as_string(conn),))]
 
 
+def _primary_key(conn: psycopg.Connection[Any], schema: str, table: str) -> list[str]:
+    row = conn.execute(
+        "SELECT pg_catalog.array_agg(a.attname::text ORDER BY pg_catalog.array_position(i.indkey::int2[], a.attnum)) FROM pg_catalog.pg_index i"
+        " JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::regclass AND i.indisprimary",
+        (sql.Identifier(schema, table).as_string(conn),)).fetchone()
+    return list(row[0]) if row and row[0] else []
+
+
 def check_key_of(conn: psycopg.Connection[Any], *, schema: str, key: str, routes: dict[str, KeyOf], tables: Sequence[str],
                  skip: Sequence[str], has_key: dict[str, bool]) -> dict[str, list[str]]:
     """The refusals, in the order a reader would check by hand; returns each key-of table's primary key columns."""
@@ -69,9 +80,15 @@ def check_key_of(conn: psycopg.Connection[Any], *, schema: str, key: str, routes
                              hint="a self-reference has no key to follow: route the table by a parent that holds the key")
         if has_key[k.table]:
             raise InputError(f"--key-of {k.table}: {where} has the key column {key} itself", where="the source", hint=f"leave {k.table} out of --key-of")
-        if not has_key[k.parent]:
+        if not has_key[k.parent] and k.parent not in routes:
             raise InputError(f"--key-of {k.table}: its parent {schema}.{k.parent} has no column {key}", where="the source",
-                             hint="the parent must hold the key column (one hop: likes=photo_id:photos.id, photos having the key)")
+                             hint=f"route {k.parent} too (--key-of {k.parent}=COLUMN:PARENT.PARENTCOL), or name a parent that holds the key")
+        chain = [k.table, k.parent]
+        while chain[-1] in routes and not has_key.get(chain[-1], False):
+            chain.append(routes[chain[-1]].parent)
+            if chain[-1] in chain[:-1]:
+                raise InputError(f"--key-of {k.table}: its parents come back on themselves ({' -> '.join(chain)})", where="the source",
+                                 hint=f"a chain of --key-of ends at a table with the column {key}")
         if k.column not in _columns(conn, schema, k.table):
             raise InputError(f"--key-of {k.table}: {where} has no column {k.column}", where="the source", hint="name the column that refers to the parent")
         if k.parent_column not in _columns(conn, schema, k.parent):
@@ -84,14 +101,14 @@ def check_key_of(conn: psycopg.Connection[Any], *, schema: str, key: str, routes
         if not unique or not unique[0]:
             raise InputError(f"--key-of {k.table}: {schema}.{k.parent}.{k.parent_column} is not unique", where="the source",
                              hint="a child row must find one parent: route by a column with a primary key or unique index of its own")
-        pk = conn.execute(
-            "SELECT pg_catalog.array_agg(a.attname::text ORDER BY pg_catalog.array_position(i.indkey::int2[], a.attnum)) FROM pg_catalog.pg_index i"
-            " JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::regclass AND i.indisprimary",
-            (sql.Identifier(schema, k.table).as_string(conn),)).fetchone()
-        if pk is None or not pk[0]:
+        if k.parent in routes and _primary_key(conn, schema, k.parent) != [k.parent_column]:
+            raise InputError(f"--key-of {k.table}: {schema}.{k.parent}.{k.parent_column} is not the primary key of {k.parent}, which is routed by --key-of",
+                             where="the source", hint=f"a routed parent's rows are found by their primary key: route {k.table} by a column that refers to it")
+        pk = _primary_key(conn, schema, k.table)
+        if not pk:
             raise InputError(f"--key-of {k.table}: {where} has no primary key", where="the source",
                              hint="its rows are routed again by primary key when they change: add one")
-        pks[k.table] = list(pk[0])
+        pks[k.table] = pk
         col, child, parent = sql.Identifier(k.column), sql.Identifier(schema, k.table), sql.Identifier(schema, k.parent)
         nulls = conn.execute(sql.SQL("SELECT EXISTS (SELECT FROM {} WHERE {} IS NULL)").format(child, col)).fetchone()
         if nulls and nulls[0]:

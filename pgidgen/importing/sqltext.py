@@ -201,18 +201,36 @@ def checksum_terms(alias: str, by_text: bool) -> str:
     return f"pg_catalog.count(*), COALESCE(pg_catalog.sum({row}), 0)"
 
 
+def parents_of(plan: ImportPlan, t: TablePlan) -> list[TablePlan]:
+    """A --key-of table's parents, nearest first, up to the one that holds the key (keyof.check_key_of refused a
+    chain that comes back on itself)."""
+    by_name = {x.name: x for x in plan.tables}
+    out: list[TablePlan] = []
+    while t.parent:
+        t = by_name[t.parent]
+        out.append(t)
+    return out
+
+
+def parent_join(plan: ImportPlan, t: TablePlan, row: str = "pgidgen_row") -> tuple[str, str]:
+    """The joins from a --key-of table's row (alias row) up its parents to the one with the key, and that row's
+    shard (NULL when a link is missing): (the LEFT JOINs' text, the shard expression)."""
+    joins, child, link, n = [], row, t, plan.shard_count
+    for i, p in enumerate(parents_of(plan, t)):
+        alias = "pgidgen_parent" if i == 0 else f"pgidgen_parent_{i + 1}"
+        joins.append(f" LEFT JOIN {_q(plan.schema, p.name)} AS {alias} ON {_q(alias, link.parent_column or '')} = {_q(child, link.via or '')}")
+        child, link = alias, p
+    return "".join(joins), f"((({_q(child, plan.key)} % {n}) + {n}) % {n})"
+
+
 def checksum_sql(plan: ImportPlan, t: TablePlan, *, by_text: bool = False) -> str:
-    """The source's side of the verify step: (shard, rows, checksum) per shard; a key-of table's rows by their
-    parent's shard (a row with no parent: shard NULL)."""
+    """The source's side of the verify step: (shard, rows, checksum) per shard; a key-of table's rows by the shard
+    of the parent that holds the key (a row with no parent: shard NULL)."""
     if not t.parent:
         expr = _s(shard_expr(plan.key, plan.shard_count))
         return f"SELECT {expr} AS shard, {checksum_terms('pgidgen_row', by_text)} FROM {_q(plan.schema, t.name)} AS pgidgen_row GROUP BY 1;\n"
-    assert t.via and t.parent_column
-    n = plan.shard_count
-    expr = f"((({_q('pgidgen_parent', plan.key)} % {n}) + {n}) % {n})"
-    return (f"SELECT {expr} AS shard, {checksum_terms('pgidgen_row', by_text)} FROM {_q(plan.schema, t.name)} AS pgidgen_row"
-            f" LEFT JOIN {_q(plan.schema, t.parent)} AS pgidgen_parent ON {_q('pgidgen_parent', t.parent_column)} = {_q('pgidgen_row', t.via)}"
-            " GROUP BY 1;\n")
+    joins, expr = parent_join(plan, t)
+    return f"SELECT {expr} AS shard, {checksum_terms('pgidgen_row', by_text)} FROM {_q(plan.schema, t.name)} AS pgidgen_row{joins} GROUP BY 1;\n"
 
 
 def shard_checksums_sql(plan: ImportPlan, table: str, database: str, *, by_text: bool = False) -> str:
