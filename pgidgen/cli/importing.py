@@ -16,7 +16,7 @@ from .common import get_config, interactive
 @click.option("--schema", default="public", show_default=True, help="The source schema whose tables are imported.")
 @click.option("--key", metavar="COLUMN", help="The shard key column every imported table has (shard = key % shard count).")
 @click.option("--key-of", "key_of", metavar="TABLE=COLUMN:PARENT.PARENTCOL", multiple=True,
-              help="A table without the key column, routed by its parent: its COLUMN equals PARENT.PARENTCOL (several: comma-separated).")
+              help="A table without the key column, routed by its parent: its COLUMN equals PARENT.PARENTCOL, a parent with the key or routed in turn (several: comma-separated).")
 @click.option("--skip", metavar="TABLES", help="Comma-separated tables of the schema to leave alone (not imported).")
 @click.option("--ids", type=click.Choice(["next_id"]), help="New rows' IDs: 'next_id' makes each table's bigint primary key default to its shard's next_id() (existing IDs are kept, proved never to collide).")
 @click.option("--follow", is_flag=True, help="Copy, then keep carrying the source's changes over until 'pgidgen import --cutover'.")
