@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import psycopg
+import pytest
 from click.testing import CliRunner
 from movekit import leftovers
 from moveshards import journal_statuses, no_bytes, quick_subscription_start, rows_of, setup_on_one, setup_shards, start_cli, state_of, wait_stopped  # noqa: F401 (an autouse fixture)
@@ -163,4 +164,33 @@ def test_rebalance_dry_run_shows_the_batches_a_run_then_moves(config: Config, co
     moved = sorted((r["source"], r["target"], r["shards"]) for r in json.loads(res.output)["moves"])
     assert moved == sorted(batches)
     assert {n: len(s) for n, s in read_map(config).databases.items()} == {"db1": 12, "db2": 12, "db3": 12}
+    assert leftovers(config.databases) == []
+
+
+@pytest.mark.sensitive  # the launcher starts a new subscription's worker at once from 18 on
+def test_dry_run_names_a_target_whose_launcher_holds_each_batch(config: Config, config_file: Path) -> None:
+    """Before 18, each batch's new subscription waits up to wal_retrieve_retry_interval for its worker: a dry run
+    whose batches to a target may wait 30 s or more for it in all says so, and what to set (at 10 s: 4 batches of
+    one shard, 40 s); from 18 on it says nothing of it."""
+    setup_on_one(config, 8)
+    with psycopg.connect(config.dsn("db2"), autocommit=True) as c:
+        major = int(c.execute("SHOW server_version_num").fetchone()[0]) // 10000
+        c.execute("ALTER SYSTEM SET wal_retrieve_retry_interval = '10s'")
+        c.execute("SELECT pg_reload_conf()")
+        try:
+            args = ["--config", str(config_file), "rebalance", "--databases", "db1,db2", "--by", "count", "--max-pause", "10ms", "--dry-run"]
+            res = CliRunner().invoke(main, args)
+            data = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)
+        finally:
+            c.execute("ALTER SYSTEM SET wal_retrieve_retry_interval = '100ms'")  # as quick_subscription_start left it
+            c.execute("SELECT pg_reload_conf()")
+    assert res.exit_code == 0, res.output
+    told = [ln for ln in res.output.splitlines() if "wal_retrieve_retry_interval" in ln]
+    if major >= 18:
+        assert told == [] and data["launcher_waits"] == {}, res.output
+    else:
+        assert told == ["db2: its server starts each batch's subscription worker up to 10 s late (wal_retrieve_retry_interval; before PostgreSQL 18):"
+                        " 4 batches may wait 40 s for it; set it lower there for this run"
+                        " (ALTER SYSTEM SET wal_retrieve_retry_interval = '1s'; SELECT pg_reload_conf())"], res.output
+        assert data["launcher_waits"] == {"db2": {"interval_s": 10.0, "batches": 4, "wait_s": 40.0}}
     assert leftovers(config.databases) == []

@@ -64,6 +64,11 @@ class PlannedBatch:
                 f" estimated write pause {self.pause_s * 1000:.0f} ms")
 
 
+#: a dry run names a target's launcher when its batches may wait this long for it in all (measured on 15: 8192
+#: small shards from one database to two, 62 batches, took 299 s at the default 5 s and 155 s at 1 s)
+LAUNCHER_WAIT_TOLD_S = 30.0
+
+
 @dataclass
 class RebalancePlan:
     before: dict[str, list[int]]
@@ -85,6 +90,8 @@ class RebalancePlan:
     #: per source -> target pair, the batches a run cuts when every pause comes in at half its estimate or less
     #: (each batch up to twice the last: batches.Pacer), against the estimate's batches
     fewest: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: targets whose launcher starts a new subscription's worker up to this late (before 18: batches.launcher_interval_s)
+    launcher_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def even(self) -> bool:
@@ -112,7 +119,7 @@ class RebalancePlan:
             "blocked_by_retired_copy": [{"shard": s, "database": n} for s, n in sorted(self.blocked.items())],
             "even": self.even,
             **({"batches": [b.as_dict() for b in self.batches], "parallel": self.parallel, "summary": self.summary(),
-                "estimated_seconds": round(self.seconds(), 1)} if self.batches is not None else {}),
+                "estimated_seconds": round(self.seconds(), 1), "launcher_waits": self.launcher_waits()} if self.batches is not None else {}),
         }
 
     def summary(self) -> list[dict[str, Any]]:
@@ -123,6 +130,15 @@ class RebalancePlan:
         return [{"source": s, "target": t, "shards": sum(len(b.shards) for b in bs), "bytes": sum(b.bytes for b in bs), "batches": len(bs),
                  "fewest_batches": self.fewest.get((s, t), len(bs)), "estimated_pause_ms": round(max(b.pause_s for b in bs) * 1000),
                  "estimated_seconds": round(sum(b.seconds for b in bs), 1)} for (s, t), bs in pairs.items()]
+
+    def launcher_waits(self) -> dict[str, dict[str, float]]:
+        """Per target whose launcher is slow to start a new subscription's worker (before 18): its interval, its
+        batches, and what they may wait for it in all (each batch is a new subscription)."""
+        out = {}
+        for target, interval in sorted(self.launcher_s.items()):
+            n = sum(1 for b in self.batches or [] if b.target == target)
+            out[target] = {"interval_s": interval, "batches": n, "wait_s": round(n * interval, 1)}
+        return out
 
     def seconds(self) -> float:
         """The dry run's estimate of the whole run: its batches' time, `parallel` at a time."""
@@ -159,6 +175,10 @@ class RebalancePlan:
             n = len(self.batches)
             out.append(f"in {n} batch{'es' if n != 1 else ''} (one replication stream and one write pause each), at most {self.parallel} at a time:"
                        f" about {self.seconds():.0f} s" + ("" if verbose else " ('--verbose' lists every move and batch)"))
+            out += [f"{target}: its server starts each batch's subscription worker up to {w['interval_s']:g} s late (wal_retrieve_retry_interval; before"
+                    f" PostgreSQL 18): {w['batches']:.0f} batches may wait {w['wait_s']:.0f} s for it; set it lower there for this run"
+                    " (ALTER SYSTEM SET wal_retrieve_retry_interval = '1s'; SELECT pg_reload_conf())"
+                    for target, w in self.launcher_waits().items() if w["wait_s"] >= LAUNCHER_WAIT_TOLD_S]
             if verbose:
                 out += [b.line() for b in self.batches]
         out += [f"shard {s} is in the middle of a move: left on {n} (finish it with 'pgidgen move-shard {s} --resume' or '--rollback')"
@@ -444,11 +464,13 @@ def plan_batches_of(config: Config, plan: RebalancePlan, *, parallel: int = 2, o
     _check_parallel(parallel)
     sources = {m.shard: m.source for m in plan.moves}
     out = []
-    plan.fewest = {}
+    plan.fewest, plan.launcher_s = {}, {}
     for target, shards in work_units(plan.moves, parallel):
         pacer, batches = plan_batches(config, locate_batch(config, sorted(shards), target), options or MoveOptions())
         out += [PlannedBatch(sources[shards[0]], target, b.shards, plan.bytes_of(b.shards), b.pause_s,
                              estimate_seconds(b.costs, plan.bytes_of(b.shards), start_s=pacer.start_s)) for b in batches]
+        if pacer.start_s:
+            plan.launcher_s[target] = pacer.start_s
         pair = (sources[shards[0]], target)
         plan.fewest[pair] = plan.fewest.get(pair, 0) + len(pacer.run_through([c for b in batches for c in b.costs], ratio=0.5))
     plan.batches, plan.parallel = out, parallel
