@@ -63,10 +63,15 @@ def _children(plan: ImportPlan, t: TablePlan) -> list[TablePlan]:
     return [c for c in keyed_tables(plan) if c.parent == t.name]
 
 
+def _taken(t: TablePlan) -> str:
+    """The temporary table of the keys a settle took from t's dirty keys (its phases 1 to 3)."""
+    return _q("pg_temp", f"pgidgen_d_{t.name}")
+
+
 def _own_map_sql(plan: ImportPlan, t: TablePlan, *, whole: bool) -> str:
     """A routed parent's (likes, parent of comments) settle keeps its map: each row's primary key and the shard it
     routes to (every row, whichever database's shard), taken again for the rows it settles, whose children it then
-    marks dirty: the children's settle, after it in the same transaction, follows them."""
+    marks dirty: the children's settle takes them in the same phase, after it."""
     children = _children(plan, t)
     if not children:
         return ""
@@ -74,16 +79,20 @@ def _own_map_sql(plan: ImportPlan, t: TablePlan, *, whole: bool) -> str:
     own, parent_map, table, pk = _q(WORK_SCHEMA, f"{t.name}_map"), _q(WORK_SCHEMA, f"{t.parent}_map"), _q(plan.schema, t.name), _q(t.pk[0])
     fill = f"INSERT INTO {own} SELECT l.{pk}, p.shard FROM {table} l JOIN {parent_map} p ON p.v = l.{_q(t.via)}"
     if whole:
-        return f"        TRUNCATE {own};\n        {fill};\n        ANALYZE {own};\n"
-    taken = f"(SELECT {pk} FROM pg_temp.pgidgen_d)"
-    return (f"        DELETE FROM {own} WHERE v IN {taken};\n        {fill} WHERE l.{pk} IN {taken};\n"
-            + "".join(f"        INSERT INTO {_q(WORK_SCHEMA, f'{c.name}_dirty')} SELECT {_cols(c, 'c')} FROM {_q(plan.schema, c.name)} c"
+        return f"            TRUNCATE {own};\n            {fill};\n            ANALYZE {own};\n"
+    taken = f"(SELECT {pk} FROM {_taken(t)})"
+    return (f"            DELETE FROM {own} WHERE v IN {taken};\n            {fill} WHERE l.{pk} IN {taken};\n"
+            + "".join(f"            INSERT INTO {_q(WORK_SCHEMA, f'{c.name}_dirty')} SELECT {_cols(c, 'c')} FROM {_q(plan.schema, c.name)} c"
                       f" WHERE c.{_q(c.via or '')} IN {taken};\n" for c in children))
 
 
 def staging_sql(plan: ImportPlan, database: str, t: TablePlan) -> str:
     """A key-of table's staging on one target: the table receiving every row, the dirty keys and their trigger,
-    where each row was put, and the settle function (this database's shards written into it)."""
+    where each row was put, and the settle function (this database's shards written into it). A settle runs in
+    three phases, each over every key-of table (settle_sql): 1, parents first, takes the dirty keys (a routed
+    parent's map taken again and its children marked dirty); 2, children first, takes those rows out of the shards;
+    3, parents first, puts them where they now go. So the shards' foreign keys from child to parent (the source's,
+    dumped) hold at every statement: a like leaves its shard after its comments, and comes back before them."""
     assert t.parent and t.via and t.parent_column
     first = _q(schema_name(plan.targets[database][0]), t.name)
     table, dirty, at = _q(plan.schema, t.name), _q(WORK_SCHEMA, f"{t.name}_dirty"), _q(WORK_SCHEMA, f"{t.name}_at")
@@ -91,9 +100,10 @@ def staging_sql(plan: ImportPlan, database: str, t: TablePlan) -> str:
     pk, new, old = _cols(t), _cols(t, "NEW").replace('"NEW".', "NEW."), _cols(t, "OLD").replace('"OLD".', "OLD.")
     shard = _q("p", "shard")
     here = shard_filter(shard, plan.targets[database])
+    d = _taken(t)
     into = _fmt(f"INSERT INTO %I.{_q(t.name)} SELECT (x.r).* FROM pg_temp.pgidgen_r x WHERE x.shard = $1")
-    out_of = _fmt(f"DELETE FROM %I.{_q(t.name)} WHERE ({pk}) IN (SELECT {pk} FROM pg_temp.pgidgen_d)")
-    empty = _fmt(f"TRUNCATE %I.{_q(t.name)}")
+    out_of = _fmt(f"DELETE FROM %I.{_q(t.name)} WHERE ({pk}) IN (SELECT {pk} FROM {d})")
+    empty = _fmt(f"DELETE FROM %I.{_q(t.name)}")  # not TRUNCATE: a table another refers to by foreign key cannot be truncated alone
     parent_map = _q(WORK_SCHEMA, f"{t.parent}_map")
     return f"""CREATE TABLE {table} (LIKE {first} INCLUDING INDEXES);
 CREATE TABLE {dirty} AS SELECT {pk} FROM {table} WITH NO DATA;
@@ -108,33 +118,46 @@ END
 $body$;
 CREATE TRIGGER pgidgen_dirty AFTER INSERT OR UPDATE OR DELETE ON {table} FOR EACH ROW EXECUTE FUNCTION {mark}();
 ALTER TABLE {table} ENABLE REPLICA TRIGGER pgidgen_dirty;
-CREATE FUNCTION {settle}(whole boolean) RETURNS bigint LANGUAGE plpgsql SET search_path = pg_catalog AS $body$
+CREATE FUNCTION {settle}(whole boolean, phase int) RETURNS bigint LANGUAGE plpgsql SET search_path = pg_catalog AS $body$
 DECLARE
     s int;
     n bigint;
 BEGIN
-    IF whole THEN  -- every row, after the copy (again on a resume: the rows placed before taken out in bulk)
-        DELETE FROM {dirty};
-        FOR s IN SELECT DISTINCT a.shard FROM {at} a LOOP
-            EXECUTE pg_catalog.format({empty}, 'shard_' || s);
-        END LOOP;
-        TRUNCATE {at};
+    IF phase = 1 THEN  -- the keys taken (whole: every row, after the copy; again on a resume)
+        IF whole THEN
+            DELETE FROM {dirty};
+{_own_map_sql(plan, t, whole=True) or "            NULL;"}
+        ELSE
+            CREATE TEMP TABLE {d.removeprefix('"pg_temp".')} AS SELECT {pk} FROM {table} WITH NO DATA;
+            WITH taken AS (DELETE FROM {dirty} RETURNING {pk}) INSERT INTO {d} SELECT {pk} FROM taken;
+            ANALYZE {d};
+{_own_map_sql(plan, t, whole=False)}        END IF;
+        RETURN 0;
+    END IF;
+    IF phase = 2 THEN  -- their rows out of the shards they were put in (whole: every row placed before)
+        IF whole THEN
+            FOR s IN SELECT DISTINCT a.shard FROM {at} a LOOP
+                EXECUTE pg_catalog.format({empty}, 'shard_' || s);
+            END LOOP;
+            TRUNCATE {at};
+        ELSE
+            FOR s IN SELECT DISTINCT a.shard FROM {at} a WHERE ({_cols(t, "a")}) IN (SELECT {pk} FROM {d}) LOOP
+                EXECUTE pg_catalog.format({out_of}, 'shard_' || s);
+            END LOOP;
+            DELETE FROM {at} a WHERE ({_cols(t, "a")}) IN (SELECT {pk} FROM {d});
+        END IF;
+        RETURN 0;
+    END IF;
+    IF whole THEN  -- phase 3: the rows into the shards of their parents, those on this database
         CREATE TEMP TABLE pgidgen_r AS SELECT {shard} AS shard, l AS r FROM {table} l
             JOIN {parent_map} p ON p.v = l.{_q(t.via)} WHERE ({here}) ORDER BY 1;
         GET DIAGNOSTICS n = ROW_COUNT;
-{_own_map_sql(plan, t, whole=True)}    ELSE
-        CREATE TEMP TABLE pgidgen_d AS SELECT {pk} FROM {table} WITH NO DATA;
-        WITH taken AS (DELETE FROM {dirty} RETURNING {pk}) INSERT INTO pg_temp.pgidgen_d SELECT {pk} FROM taken;
-        ANALYZE pg_temp.pgidgen_d;
-        FOR s IN SELECT DISTINCT a.shard FROM {at} a WHERE ({_cols(t, "a")}) IN (SELECT {pk} FROM pg_temp.pgidgen_d) LOOP
-            EXECUTE pg_catalog.format({out_of}, 'shard_' || s);
-        END LOOP;
-        DELETE FROM {at} a WHERE ({_cols(t, "a")}) IN (SELECT {pk} FROM pg_temp.pgidgen_d);
+    ELSE
         CREATE TEMP TABLE pgidgen_r AS SELECT {shard} AS shard, l AS r FROM {table} l
             JOIN {parent_map} p ON p.v = l.{_q(t.via)}
-            WHERE ({_cols(t, "l")}) IN (SELECT {pk} FROM pg_temp.pgidgen_d) AND ({here}) ORDER BY 1;
+            WHERE ({_cols(t, "l")}) IN (SELECT {pk} FROM {d}) AND ({here}) ORDER BY 1;
         GET DIAGNOSTICS n = ROW_COUNT;
-{_own_map_sql(plan, t, whole=False)}        DROP TABLE pg_temp.pgidgen_d;
+        DROP TABLE {d};
     END IF;
     CREATE INDEX ON pg_temp.pgidgen_r (shard);
     ANALYZE pg_temp.pgidgen_r;
@@ -223,19 +246,28 @@ def staging_all_sql(plan: ImportPlan, database: str) -> str:
 
 
 def hold_sql(plan: ImportPlan) -> str:
-    """A settle's first statement, before its snapshot (a LOCK takes none): the staging tables of the tables with
+    """A settle's first statements, before its snapshot (a LOCK takes none): the staging tables of the parents with
     the key held against the subscription's writes until it commits. A routed row's foreign key to its parent in
     the shard is checked FOR KEY SHARE on the parent's latest row; a parent the subscription moved after the
     snapshot (a photo to another user) would fail the settle in REPEATABLE READ, again and again under a busy
-    writer of parents (measured: 20 tries in 14 s, each failed)."""
-    keyed = [_q(plan.schema, t.name) for t in plan.tables if not t.parent]
-    return f"LOCK TABLE ONLY {', '.join(keyed)} IN SHARE MODE;\n" if keyed else ""
+    writer of parents (measured: 20 tries in 14 s, each failed). Under a lock_timeout below deadlock_timeout (1 s
+    by default): a settle that waits with part of the tables held gives up (and is tried again) before the
+    subscription's worker, waiting on it, would be the one a deadlock cancels."""
+    held = [_q(plan.schema, t.name) for t in plan.tables if not t.parent and t.name in parents(plan)]
+    return (f"SET LOCAL lock_timeout = '{HOLD_TIMEOUT_MS}ms';\nLOCK TABLE ONLY {', '.join(held)} IN SHARE MODE;\nRESET lock_timeout;\n"
+            if held else "")
+
+
+def _phases(plan: ImportPlan) -> list[tuple[TablePlan, int]]:
+    """The settle's calls: phase 1 and 3 parents first, phase 2 children first (staging_sql)."""
+    tables = keyed_tables(plan)
+    return [(t, 1) for t in tables] + [(t, 2) for t in reversed(tables)] + [(t, 3) for t in tables]
 
 
 def settle_sql(plan: ImportPlan, *, whole: bool) -> str:
-    """One database's settle: every key-of table in one snapshot (whole: every row, after the copy), a parent's
-    before its children's."""
-    calls = "".join(f"SELECT {_q(WORK_SCHEMA, f'settle_{t.name}')}({'true' if whole else 'false'});\n" for t in keyed_tables(plan))
+    """One database's settle: every key-of table in one snapshot (whole: every row, after the copy), in phases."""
+    w = "true" if whole else "false"
+    calls = "".join(f"SELECT {_q(WORK_SCHEMA, f'settle_{t.name}')}({w}, {phase});\n" for t, phase in _phases(plan))
     return f"BEGIN ISOLATION LEVEL REPEATABLE READ;\n{hold_sql(plan)}{calls}COMMIT;\n" if calls else ""
 
 
@@ -260,6 +292,8 @@ def settle(config: Config, plan: ImportPlan, *, whole: bool = False) -> dict[str
 
 #: how often a settle that a concurrent change made fail (below) is run again, the waits between growing
 RETRIES = 20
+#: hold_sql's lock_timeout: below deadlock_timeout's default, 1 s
+HOLD_TIMEOUT_MS = 500
 
 
 def _settle_one(conn: psycopg.Connection[Any], plan: ImportPlan, whole: bool) -> int:
@@ -269,7 +303,7 @@ def _settle_one(conn: psycopg.Connection[Any], plan: ImportPlan, whole: bool) ->
     for attempt in range(RETRIES):
         try:
             return _settle_once(conn, plan, whole)
-        except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
+        except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable):
             if attempt == RETRIES - 1:
                 raise
             time.sleep(min(1.0, 0.02 * 2 ** attempt))
@@ -280,10 +314,10 @@ def _settle_once(conn: psycopg.Connection[Any], plan: ImportPlan, whole: bool) -
     with conn.transaction():
         conn.execute(b"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         if hold_sql(plan):
-            conn.execute(hold_sql(plan).encode())
+            execute_script(conn, hold_sql(plan))
         total = 0
-        for t in keyed_tables(plan):
-            row = conn.execute(sql.SQL("SELECT {}(%s)").format(sql.Identifier(WORK_SCHEMA, f"settle_{t.name}")), (whole,)).fetchone()
+        for t, phase in _phases(plan):
+            row = conn.execute(sql.SQL("SELECT {}(%s, %s)").format(sql.Identifier(WORK_SCHEMA, f"settle_{t.name}")), (whole, phase)).fetchone()
             total += int(row[0]) if row and row[0] is not None else 0
         return total
 
