@@ -8,7 +8,10 @@ Armed on each target before the first round (arm_sql): a trigger on every shard 
 (it fires in the subscription's workers, and for settle's writes), records in pgidgen_import.changed each row's
 table, route value (the key; a --key-of table's column that refers to its parent; on a parent, that column's value
 for each child table too, whose rows' shard follows the parent's) and the shard schema it was written in. A TRUNCATE
-records its table whole, compared whole in the pause.
+records its table whole, compared whole in the pause. A --key-of table's route values are recorded also when the
+subscription writes its staging table, and when a settle takes its rows to route again (_staged_sql): its rows reach
+a shard only through a settle, which may place a row nowhere on a target (its parent came and left between two
+settles) where the source has it in a shard; "no row written" must mean "no row that may have moved".
 
 A round (Ahead.round):
 1. a REPEATABLE READ snapshot on the source (S) and on every target (T);
@@ -94,6 +97,30 @@ def _function_sql(plan: ImportPlan, t: TablePlan, *, armed: bool) -> str:
             f" SET search_path = pg_catalog AS $body$\nBEGIN\n{body}END\n$body$;\n")
 
 
+def _staged_sql(plan: ImportPlan, t: TablePlan, *, armed: bool) -> str:
+    """A --key-of table's other records, route values only (no rows counted, and in no shard: at is the work
+    schema): the subscription's writes to its staging table (staged_), and the rows a settle takes to route again
+    (took_, on the dirty keys' DELETE). A row may be routed nowhere on a target between two settles (its parent
+    came to the database and left again), where the source's snapshot has it in a shard: nothing is written to a
+    shard, yet the value's rows differ. So a value is recorded whenever its rows may move, not only when they do."""
+    w, lit = _q(WORK_SCHEMA), _s(sql.Literal(t.name))
+    col = _q(route_column(plan, t))
+    row = ("    RETURN NULL;\n" if not armed else
+           f"    IF TG_OP <> 'INSERT' THEN INSERT INTO {w}.changed VALUES ({lit}, OLD.{col}::text, {_s(sql.Literal(WORK_SCHEMA))}, 0); END IF;\n"
+           f"    IF TG_OP <> 'DELETE' THEN INSERT INTO {w}.changed VALUES ({lit}, NEW.{col}::text, {_s(sql.Literal(WORK_SCHEMA))}, 0); END IF;\n"
+           "    RETURN NULL;\n")
+    took = ("    RETURN NULL;\n" if not armed else
+            f"    INSERT INTO {w}.changed SELECT DISTINCT {lit}, s.{col}::text, {_s(sql.Literal(WORK_SCHEMA))}, 0::smallint"
+            f" FROM pgidgen_took k JOIN {_q(plan.schema, t.name)} s ON ({_cols(t.pk, 's')}) = ({_cols(t.pk, 'k')});\n"
+            "    RETURN NULL;\n")
+    return "".join(f"CREATE OR REPLACE FUNCTION {_q(WORK_SCHEMA, f'{kind}_{t.name}')}() RETURNS trigger LANGUAGE plpgsql"
+                   f" SET search_path = pg_catalog AS $body$\nBEGIN\n{body}END\n$body$;\n" for kind, body in (("staged", row), ("took", took)))
+
+
+def _cols(columns: list[str], alias: str) -> str:
+    return ", ".join(_q(alias, c) for c in columns)
+
+
 def _relations(plan: ImportPlan, database: str, t: TablePlan) -> list[str]:
     """Where a table's trigger goes: a keyed table's staging table (its shards' tables are its partitions: the
     trigger is cloned onto each, and leaves with it when they are detached), a --key-of table's shard tables."""
@@ -110,12 +137,26 @@ def arm_sql(plan: ImportPlan, database: str) -> str:
             out.append(f"CREATE TRIGGER {TRIGGERS[0]} AFTER INSERT OR UPDATE OR DELETE ON {rel} FOR EACH ROW EXECUTE FUNCTION {fn}();")
             out.append(f"CREATE TRIGGER {TRIGGERS[1]} AFTER TRUNCATE ON {rel} FOR EACH STATEMENT EXECUTE FUNCTION {fn}();")
             out += [f"ALTER TABLE {rel} ENABLE ALWAYS TRIGGER {name};" for name in TRIGGERS]
+        if t.parent:
+            staging, dirty = _q(plan.schema, t.name), _q(WORK_SCHEMA, f"{t.name}_dirty")
+            out += [_staged_sql(plan, t, armed=True).rstrip("\n"),
+                    f"CREATE TRIGGER pgidgen_staged AFTER INSERT OR UPDATE OR DELETE ON {staging} FOR EACH ROW"
+                    f" EXECUTE FUNCTION {_q(WORK_SCHEMA, f'staged_{t.name}')}();",
+                    f"ALTER TABLE {staging} ENABLE ALWAYS TRIGGER pgidgen_staged;",
+                    f"CREATE TRIGGER pgidgen_took AFTER DELETE ON {dirty} REFERENCING OLD TABLE AS pgidgen_took FOR EACH STATEMENT"
+                    f" EXECUTE FUNCTION {_q(WORK_SCHEMA, f'took_{t.name}')}();",
+                    f"ALTER TABLE {dirty} ENABLE ALWAYS TRIGGER pgidgen_took;"]
     return "\n".join(out) + "\n"
 
 
 def disarm_sql(plan: ImportPlan) -> str:
     """The functions emptied (no table lock): once the shards open, the application's writes are not recorded."""
-    return "".join(_function_sql(plan, t, armed=False) for t in plan.tables)
+    return _functions_sql(plan, armed=False)
+
+
+def _functions_sql(plan: ImportPlan, *, armed: bool) -> str:
+    """Every recording function, armed (recording) or not."""
+    return "".join(_function_sql(plan, t, armed=armed) + (_staged_sql(plan, t, armed=armed) if t.parent else "") for t in plan.tables)
 
 
 def drop_triggers_sql(conn: psycopg.Connection[Any], plan: ImportPlan) -> list[str]:
@@ -135,7 +176,7 @@ def arm(config: Config, plan: ImportPlan) -> None:
             try:
                 with conn.transaction():
                     made = conn.execute("SELECT pg_catalog.to_regclass(%s)", (_q(WORK_SCHEMA, "changed"),)).fetchone() != (None,)
-                    execute_script(conn, "".join(_function_sql(plan, t, armed=True) for t in plan.tables) if made else arm_sql(plan, name))
+                    execute_script(conn, _functions_sql(plan, armed=True) if made else arm_sql(plan, name))
             except psycopg.Error as e:
                 raise DatabaseError(f"database {name} failed while arming the verification: {pg_message(e)}",
                                     hint="fix what it says, then pgidgen import --cutover (or --rollback)") from None
