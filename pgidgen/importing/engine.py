@@ -493,17 +493,23 @@ def _attached(conn: psycopg.Connection[Any], plan: ImportPlan) -> list[str]:
 
 
 def _drop_replication(config: Config, src: psycopg.Connection[Any], plan: ImportPlan) -> None:
-    subids: list[int] = []
+    subids: dict[str, int] = {}
 
-    def work(name: str, conn: psycopg.Connection[Any]) -> None:
+    def disable(name: str, conn: psycopg.Connection[Any]) -> None:
         row = conn.execute("SELECT oid FROM pg_catalog.pg_subscription WHERE subname = %s", (plan.slot(name),)).fetchone()
         if row is not None:
-            subids.append(int(row[0]))
-            for stmt in sqltext.drop_subscription_sql(plan.slot(name)).splitlines():
+            subids[name] = int(row[0])
+            for stmt in sqltext.disable_subscription_sql(plan.slot(name)).splitlines():
                 conn.execute(stmt.encode())
-    _each_target(config, plan, work, doing="dropping its subscription")
+
+    def drop(name: str, conn: psycopg.Connection[Any]) -> None:
+        if name in subids:
+            conn.execute(sql.SQL("DROP SUBSCRIPTION IF EXISTS {}").format(sql.Identifier(plan.slot(name))))
+    _each_target(config, plan, disable, doing="disabling its subscription")
+    patterns = [f"pg_{i}_sync_%" for i in subids.values()]
+    _quiesce(config, src, subids, patterns)
+    _each_target(config, plan, drop, doing="dropping its subscription")
     names = [plan.slot(n) for n in plan.targets]
-    patterns = [f"pg_{i}_sync_%" for i in subids]
     deadline = time.monotonic() + 30
     while True:
         left = src.execute("SELECT slot_name, active FROM pg_catalog.pg_replication_slots WHERE slot_name = ANY(%s) OR slot_name LIKE ANY(%s)",
@@ -518,6 +524,32 @@ def _drop_replication(config: Config, src: psycopg.Connection[Any], plan: Import
         time.sleep(0.1)
     for n in names:
         src.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(n)))
+
+
+def _quiesce(config: Config, src: psycopg.Connection[Any], subids: dict[str, int], patterns: list[str]) -> None:
+    """The disabled subscriptions' workers gone before they are dropped. A table's copy creates its slot on the
+    source, which waits for every transaction running there to end; DROP SUBSCRIPTION, which drops that slot
+    and waits for it to be free, is one of them when a target is a database of the source's server: each would
+    wait for the other, for ever (seen: 17 minutes). So the source's sessions serving those copies are ended
+    first (their slots go with them, or are dropped after), and the workers, disabled, are not started again."""
+    conns = {n: connect(n, config.dsn(n), autocommit=True) for n in subids}
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            src.execute("SELECT pg_catalog.pg_terminate_backend(s.active_pid) FROM pg_catalog.pg_replication_slots s"
+                        " JOIN pg_catalog.pg_stat_activity a ON a.pid = s.active_pid"
+                        " WHERE s.slot_name LIKE ANY(%s) AND pg_catalog.pg_has_role(a.usesysid, 'MEMBER')", (patterns,))
+            busy = [n for n, c in conns.items() if c.execute("SELECT FROM pg_catalog.pg_stat_subscription WHERE subid = %s AND pid IS NOT NULL",
+                                                             (subids[n],)).fetchone() is not None]
+            if not busy:
+                return
+            if time.monotonic() > deadline:
+                raise DatabaseError(f"database {busy[0]}: the import's subscription, disabled, still has workers after 30 s",
+                                    hint="run again in a moment: --resume or --rollback")
+            time.sleep(0.1)
+    finally:
+        for c in conns.values():
+            c.close()
 
 
 def rollback_import(config: Config, source_dsn: str, *, schema: str, say: Say = lambda _: None) -> ImportPlan:

@@ -123,10 +123,11 @@ def unfreeze_sql(plan: ImportPlan) -> str:
     return "".join(f"DROP TRIGGER IF EXISTS pgidgen_imported ON {_q(plan.schema, t.name)};\n" for t in plan.tables)
 
 
-def drop_subscription_sql(name: str) -> str:
-    """The slot detached first, so dropping never needs the source (the engine drops the slots there itself)."""
+def disable_subscription_sql(name: str) -> str:
+    """Before a subscription is dropped: its workers stopped, its slot detached (the engine drops the slots on the
+    source itself; DROP SUBSCRIPTION goes there only for the slots of copies still running)."""
     q = _q(name)
-    return f"ALTER SUBSCRIPTION {q} DISABLE;\nALTER SUBSCRIPTION {q} SET (slot_name = NONE);\nDROP SUBSCRIPTION {q};\n"
+    return f"ALTER SUBSCRIPTION {q} DISABLE;\nALTER SUBSCRIPTION {q} SET (slot_name = NONE);\n"
 
 
 def detach_sql(plan: ImportPlan, database: str, attached: list[str] | None = None) -> list[str]:
