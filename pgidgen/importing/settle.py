@@ -4,8 +4,8 @@ Such a table has no key column, so it cannot be partitioned by shard as the othe
 table, of the source's schema-qualified name (logical replication finds tables by that name), is a plain table
 that receives every row of the source's table (the publication cannot filter it: a row filter sees only the row,
 not its parent). A trigger on it, ENABLE REPLICA (it fires in the subscription's workers, which run as replica,
-and not for pgidgen's own statements), records the primary key of every row the subscription writes in
-`pgidgen_import.<table>_dirty`. Settling takes the dirty keys, deletes those rows from the shards' tables where
+and not for pgidgen's own statements) once the copy is done (marking_sql), records the primary key of every row
+the subscription writes in `pgidgen_import.<table>_dirty`. Settling takes the dirty keys, deletes those rows from the shards' tables where
 they were put (`pgidgen_import.<table>_at` says which shard), and inserts them again from the staging table joined
 to the parent's rows on this database (`pgidgen_import.<parent>_map`, map_sql), grouped by the parent's shard: a row lands in its parent's shard, and a row
 whose parent lives on another database is left to that database. Each settle runs in one REPEATABLE READ
@@ -117,7 +117,7 @@ BEGIN
 END
 $body$;
 CREATE TRIGGER pgidgen_dirty AFTER INSERT OR UPDATE OR DELETE ON {table} FOR EACH ROW EXECUTE FUNCTION {mark}();
-ALTER TABLE {table} ENABLE REPLICA TRIGGER pgidgen_dirty;
+ALTER TABLE {table} DISABLE TRIGGER pgidgen_dirty;
 CREATE FUNCTION {settle}(whole boolean, phase int) RETURNS bigint LANGUAGE plpgsql SET search_path = pg_catalog AS $body$
 DECLARE
     s int;
@@ -177,6 +177,13 @@ def parents(plan: ImportPlan) -> dict[str, str]:
     return {t.parent: t.parent_column for t in keyed_tables(plan) if t.parent and t.parent_column}
 
 
+def marking_sql(plan: ImportPlan) -> str:
+    """The dirty keys' triggers enabled (for the subscription's workers), once the copy is done: the first settle
+    routes every row (whole) in a snapshot taken after this commits, so a row the copy or the changes before it
+    wrote needs no mark; one trigger call per copied row would cost the copy more than its own writes."""
+    return "".join(f"ALTER TABLE {_q(plan.schema, t.name)} ENABLE REPLICA TRIGGER pgidgen_dirty;\n" for t in keyed_tables(plan))
+
+
 def map_sql(plan: ImportPlan) -> str:
     """Where each parent row's children go, on one target: `pgidgen_import.<parent>_map` (the referred value and the
     parent's shard), kept by a trigger on the parent's staging table (ENABLE REPLICA: in the subscription's
@@ -221,7 +228,8 @@ ANALYZE {m};
 
 
 def make_maps(config: Config, plan: ImportPlan) -> None:
-    """map_sql on every target that lacks it (a resumed import made it already), the databases in parallel."""
+    """map_sql and marking_sql on every target that lacks them (a resumed import made them already), in one
+    transaction, the databases in parallel."""
     if not parents(plan):
         return
 
@@ -231,7 +239,7 @@ def make_maps(config: Config, plan: ImportPlan) -> None:
             try:
                 with conn.transaction():
                     if conn.execute("SELECT pg_catalog.to_regclass(%s)", (_q(WORK_SCHEMA, f"{first}_map"),)).fetchone() == (None,):
-                        execute_script(conn, map_sql(plan))
+                        execute_script(conn, map_sql(plan) + marking_sql(plan))
             except psycopg.Error as e:
                 raise DatabaseError(f"database {name} failed while mapping the parents' rows: {pg_message(e)}",
                                     hint="fix what it says, then pgidgen import --resume (or --rollback)") from None
