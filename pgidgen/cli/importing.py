@@ -78,9 +78,9 @@ def import_cmd(ctx: click.Context, source: str, schema: str, key: str | None, ke
                 click.echo(f"-- ===== database {name} =====")
                 click.echo(sqltext.subscription_sql(plan, name, source, show=True).rstrip("\n"))
                 if settle.keyed_tables(plan):
-                    click.echo(f"-- once the copy is done:\n{(settle.map_sql(plan) + settle.marking_sql(plan)).rstrip()}")
+                    click.echo(f"-- once the copy is done:\n{(settle.map_sql(plan) + ''.join(settle.marking_sql(plan))).rstrip()}")
                     click.echo(f"-- after the copy (whole = true), before and in the cutover's pause:\n{settle.settle_sql(plan, whole=False).rstrip()}")
-                click.echo(f"-- the cutover, before its pause (the verification's rounds record the keys written since):\n{ahead.arm_sql(plan, name).rstrip()}")
+                click.echo(f"-- the cutover, before its pause (the verification's rounds record the keys written since):\n{(ahead.arm_sql(plan, name) + ''.join(ahead.staged_triggers_sql(plan))).rstrip()}")
             return
         result = start_import(config, source, schema=schema, key=key, skip=skipped, follow=follow, ids=ids, key_of=routes, say=say)
     if as_json:

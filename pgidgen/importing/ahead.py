@@ -138,15 +138,23 @@ def arm_sql(plan: ImportPlan, database: str) -> str:
             out.append(f"CREATE TRIGGER {TRIGGERS[1]} AFTER TRUNCATE ON {rel} FOR EACH STATEMENT EXECUTE FUNCTION {fn}();")
             out += [f"ALTER TABLE {rel} ENABLE ALWAYS TRIGGER {name};" for name in TRIGGERS]
         if t.parent:
-            staging, dirty = _q(plan.schema, t.name), _q(WORK_SCHEMA, f"{t.name}_dirty")
-            out += [_staged_sql(plan, t, armed=True).rstrip("\n"),
-                    f"CREATE TRIGGER pgidgen_staged AFTER INSERT OR UPDATE OR DELETE ON {staging} FOR EACH ROW"
-                    f" EXECUTE FUNCTION {_q(WORK_SCHEMA, f'staged_{t.name}')}();",
-                    f"ALTER TABLE {staging} ENABLE ALWAYS TRIGGER pgidgen_staged;",
-                    f"CREATE TRIGGER pgidgen_took AFTER DELETE ON {dirty} REFERENCING OLD TABLE AS pgidgen_took FOR EACH STATEMENT"
-                    f" EXECUTE FUNCTION {_q(WORK_SCHEMA, f'took_{t.name}')}();",
-                    f"ALTER TABLE {dirty} ENABLE ALWAYS TRIGGER pgidgen_took;"]
+            out.append(_staged_sql(plan, t, armed=True).rstrip("\n"))
     return "\n".join(out) + "\n"
+
+
+def staged_triggers_sql(plan: ImportPlan) -> list[str]:
+    """_staged_sql's triggers, a transaction each (arm_sql's transaction made their functions): each is on a table
+    the subscription's worker writes in its own order, and one transaction that locked two of them could wait for
+    it while it waits for this (seen: a lock timeout 20 times running under a writer). Made again on a resume."""
+    out = []
+    for t in plan.tables:
+        if t.parent:
+            staging, dirty = _q(plan.schema, t.name), _q(WORK_SCHEMA, f"{t.name}_dirty")
+            out += [f"CREATE OR REPLACE TRIGGER pgidgen_staged AFTER INSERT OR UPDATE OR DELETE ON {staging} FOR EACH ROW"
+                    f" EXECUTE FUNCTION {_q(WORK_SCHEMA, f'staged_{t.name}')}();\nALTER TABLE {staging} ENABLE ALWAYS TRIGGER pgidgen_staged;\n",
+                    f"CREATE OR REPLACE TRIGGER pgidgen_took AFTER DELETE ON {dirty} REFERENCING OLD TABLE AS pgidgen_took FOR EACH STATEMENT"
+                    f" EXECUTE FUNCTION {_q(WORK_SCHEMA, f'took_{t.name}')}();\nALTER TABLE {dirty} ENABLE ALWAYS TRIGGER pgidgen_took;\n"]
+    return out
 
 
 def disarm_sql(plan: ImportPlan) -> str:
@@ -173,10 +181,13 @@ def arm(config: Config, plan: ImportPlan) -> None:
     """Armed once (a resumed cutover finds the table and arms the functions again: recording went on meanwhile)."""
     for name in plan.targets:
         with connect(name, config.dsn(name), autocommit=True) as conn:
+            def script(conn: psycopg.Connection[Any], name: str = name) -> str:
+                made = conn.execute("SELECT pg_catalog.to_regclass(%s)", (_q(WORK_SCHEMA, "changed"),)).fetchone() != (None,)
+                return _functions_sql(plan, armed=True) if made else arm_sql(plan, name)
             try:
-                with conn.transaction():
-                    made = conn.execute("SELECT pg_catalog.to_regclass(%s)", (_q(WORK_SCHEMA, "changed"),)).fetchone() != (None,)
-                    execute_script(conn, _functions_sql(plan, armed=True) if made else arm_sql(plan, name))
+                settle.under_writes(conn, script)
+                for text in staged_triggers_sql(plan):
+                    settle.under_writes(conn, text)
             except psycopg.Error as e:
                 raise DatabaseError(f"database {name} failed while arming the verification: {pg_message(e)}",
                                     hint="fix what it says, then pgidgen import --cutover (or --rollback)") from None

@@ -15,6 +15,7 @@ commits later stays dirty for the next settle.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -177,11 +178,11 @@ def parents(plan: ImportPlan) -> dict[str, str]:
     return {t.parent: t.parent_column for t in keyed_tables(plan) if t.parent and t.parent_column}
 
 
-def marking_sql(plan: ImportPlan) -> str:
+def marking_sql(plan: ImportPlan) -> list[str]:
     """The dirty keys' triggers enabled (for the subscription's workers), once the copy is done: the first settle
     routes every row (whole) in a snapshot taken after this commits, so a row the copy or the changes before it
     wrote needs no mark; one trigger call per copied row would cost the copy more than its own writes."""
-    return "".join(f"ALTER TABLE {_q(plan.schema, t.name)} ENABLE REPLICA TRIGGER pgidgen_dirty;\n" for t in keyed_tables(plan))
+    return [f"ALTER TABLE {_q(plan.schema, t.name)} ENABLE REPLICA TRIGGER pgidgen_dirty;\n" for t in keyed_tables(plan)]
 
 
 def map_sql(plan: ImportPlan) -> str:
@@ -228,18 +229,22 @@ ANALYZE {m};
 
 
 def make_maps(config: Config, plan: ImportPlan) -> None:
-    """map_sql and marking_sql on every target that lacks them (a resumed import made them already), in one
-    transaction, the databases in parallel."""
+    """map_sql on every target that lacks it (a resumed import made it already), then marking_sql, the databases
+    in parallel."""
     if not parents(plan):
         return
 
     def work(name: str) -> None:
         first = next(iter(parents(plan)))
+
+        def script(conn: psycopg.Connection[Any]) -> str:
+            made = conn.execute("SELECT pg_catalog.to_regclass(%s)", (_q(WORK_SCHEMA, f"{first}_map"),)).fetchone() != (None,)
+            return "" if made else map_sql(plan)
         with connect(name, config.dsn(name), autocommit=True) as conn:
             try:
-                with conn.transaction():
-                    if conn.execute("SELECT pg_catalog.to_regclass(%s)", (_q(WORK_SCHEMA, f"{first}_map"),)).fetchone() == (None,):
-                        execute_script(conn, map_sql(plan) + marking_sql(plan))
+                under_writes(conn, script)
+                for text in marking_sql(plan):  # a transaction each (under_writes); again on a resume
+                    under_writes(conn, text)
             except psycopg.Error as e:
                 raise DatabaseError(f"database {name} failed while mapping the parents' rows: {pg_message(e)}",
                                     hint="fix what it says, then pgidgen import --resume (or --rollback)") from None
@@ -302,6 +307,23 @@ def settle(config: Config, plan: ImportPlan, *, whole: bool = False) -> dict[str
 RETRIES = 20
 #: hold_sql's lock_timeout: below deadlock_timeout's default, 1 s
 HOLD_TIMEOUT_MS = 500
+
+
+def under_writes(conn: psycopg.Connection[Any], script: str | Callable[[psycopg.Connection[Any]], str]) -> None:
+    """script (or script(conn)'s text) run in one transaction that takes locks on tables the subscription writes (triggers made
+    or enabled), under HOLD_TIMEOUT_MS' lock_timeout; tried again on a lock timeout or a deadlock (its locks taken
+    one statement after another, while the subscription's worker takes its own: seen, 40P01 arming the
+    verification under a writer)."""
+    for attempt in range(RETRIES):
+        try:
+            with conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = '{HOLD_TIMEOUT_MS}ms'".encode())
+                execute_script(conn, script if isinstance(script, str) else script(conn))
+            return
+        except (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable):
+            if attempt == RETRIES - 1:
+                raise
+            time.sleep(min(1.0, 0.02 * 2 ** attempt))
 
 
 def _settle_one(conn: psycopg.Connection[Any], plan: ImportPlan, whole: bool) -> int:
