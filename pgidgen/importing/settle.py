@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -28,6 +28,8 @@ from ..errors import DatabaseError, PgidgenError
 from ..idgen import schema_name
 from .source import WORK_SCHEMA, ImportPlan, TablePlan
 from .sqltext import parents_of, shard_filter
+
+T = TypeVar("T")
 
 
 def _s(c: sql.Composable) -> str:
@@ -309,35 +311,39 @@ RETRIES = 20
 HOLD_TIMEOUT_MS = 500
 
 
-def under_writes(conn: psycopg.Connection[Any], script: str | Callable[[psycopg.Connection[Any]], str]) -> None:
-    """script (or script(conn)'s text) run in one transaction that takes locks on tables the subscription writes (triggers made
-    or enabled), under HOLD_TIMEOUT_MS' lock_timeout; tried again on a lock timeout or a deadlock (its locks taken
-    one statement after another, while the subscription's worker takes its own: seen, 40P01 arming the
-    verification under a writer)."""
-    for attempt in range(RETRIES):
+#: what a try under the subscription's writes may meet, and is tried again for
+_RETRIED = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable)
+
+
+def _retried(attempt: Callable[[], T]) -> T:
+    """attempt() again, up to RETRIES times, while it fails with one of _RETRIED; the waits between growing."""
+    for n in range(RETRIES):
         try:
-            with conn.transaction():
-                conn.execute(f"SET LOCAL lock_timeout = '{HOLD_TIMEOUT_MS}ms'".encode())
-                execute_script(conn, script if isinstance(script, str) else script(conn))
-            return
-        except (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable):
-            if attempt == RETRIES - 1:
+            return attempt()
+        except _RETRIED:
+            if n == RETRIES - 1:
                 raise
-            time.sleep(min(1.0, 0.02 * 2 ** attempt))
+            time.sleep(min(1.0, 0.02 * 2 ** n))
+    raise AssertionError("unreachable")
+
+
+def under_writes(conn: psycopg.Connection[Any], script: str | Callable[[psycopg.Connection[Any]], str]) -> None:
+    """script (or script(conn)'s text) run in one transaction that takes locks on tables the subscription writes
+    (triggers made or enabled), under HOLD_TIMEOUT_MS' lock_timeout; tried again on a lock timeout or a deadlock
+    (its locks taken one statement after another, while the subscription's worker takes its own: seen, 40P01
+    arming the verification under a writer)."""
+    def attempt() -> None:
+        with conn.transaction():
+            conn.execute(f"SET LOCAL lock_timeout = '{HOLD_TIMEOUT_MS}ms'".encode())
+            execute_script(conn, script if isinstance(script, str) else script(conn))
+    _retried(attempt)
 
 
 def _settle_one(conn: psycopg.Connection[Any], plan: ImportPlan, whole: bool) -> int:
     """A settle, run again should a change committed after its snapshot fail it (40001: hold_sql keeps the
     subscription's writes to the tables with the key off; a deadlock, 40P01, is retried too). A failed try leaves
     nothing: its dirty keys are taken again by the next, which sees the change."""
-    for attempt in range(RETRIES):
-        try:
-            return _settle_once(conn, plan, whole)
-        except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable):
-            if attempt == RETRIES - 1:
-                raise
-            time.sleep(min(1.0, 0.02 * 2 ** attempt))
-    raise AssertionError("unreachable")
+    return _retried(lambda: _settle_once(conn, plan, whole))
 
 
 def _settle_once(conn: psycopg.Connection[Any], plan: ImportPlan, whole: bool) -> int:
