@@ -75,10 +75,24 @@ def _rows(cfg: Config, table: str, cols: str) -> list[tuple[int, tuple[Any, ...]
     return out
 
 
-def test_import_under_writer_then_writes_refused(source: str, two: Config) -> None:
-    acked: list[tuple[int, int]] = []
-    refused: list[str] = []
-    stop = threading.Event()
+@dataclasses.dataclass
+class Writer:
+    """The application writing to the source until stopped or refused: photos acknowledged as (id, user_id)."""
+
+    acked: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    refused: list[str] = dataclasses.field(default_factory=list)
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def finish(self) -> None:
+        assert self.thread is not None
+        self.thread.join(30)
+        self.stop.set()
+
+
+def app_writer(source: str) -> Writer:
+    w = Writer()
+    acked, refused, stop = w.acked, w.refused, w.stop
 
     def write() -> None:
         with psycopg.connect(source, autocommit=True) as c:
@@ -94,13 +108,18 @@ def test_import_under_writer_then_writes_refused(source: str, two: Config) -> No
                     return
                 n += 1
 
-    th = threading.Thread(target=write, daemon=True)
-    th.start()
+    w.thread = threading.Thread(target=write, daemon=True)
+    w.thread.start()
+    return w
+
+
+def test_import_under_writer_then_writes_refused(source: str, two: Config) -> None:
+    w = app_writer(source)
+    acked, refused = w.acked, w.refused
     followed = start_import(two, source, schema="public", key="user_id", skip=["countries"], follow=True)
     assert followed.step == "copied"
     done = resume_import(two, source, schema="public", cutover=True)
-    th.join(30)
-    stop.set()
+    w.finish()
     assert done.step == "done" and done.pause_s is not None
     assert len(refused) == 1 and re.match(r"public\.(photos|users) was imported into pgidgen's shards \(16 shards on db1, db2; shard = user_id % 16\)", refused[0]), refused
     photos = _rows(two, "photos", "id, user_id")

@@ -3,7 +3,8 @@
 schema -> staging -> replicating -> copied (stops here with --follow) -> frozen -> verified -> done.
 A killed import goes on with --resume (or --cutover after --follow); before `done`, --rollback leaves the source
 as it was (no trigger, slot, publication or journal: the pgidgen_import schema is dropped) and the shards' tables
-empty (they stay, as the ledger records their DDL). Nothing is written before source.inspect's checks pass.
+empty (they stay, as the ledger records their DDL); on a source its tables' owner prepared (prepared.py), the
+owner's objects stay and only the gate opens again. Nothing is written before source.inspect's checks pass.
 """
 from __future__ import annotations
 
@@ -22,16 +23,17 @@ from psycopg import sql
 
 from .. import pgbin
 from ..config import Config
-from ..db import connect, each_database, execute_script, pg_message, tool_args
+from ..db import connect, execute_script, pg_message, tool_args
 from ..ddl.apply import apply_ddl
 from ..ddl.dumpfile import parse_dump
-from ..errors import ConflictError, DatabaseError, InputError, PgidgenError
+from ..errors import ConflictError, DatabaseError, InputError
 from ..idgen import schema_name
 from ..lockwait import LockPolicy, with_lock_retries
-from . import ahead, settle, sqltext
+from . import ahead, prepared, settle, sqltext
 from .ahead import Ahead
 from .ids import prove
 from .keyof import KeyOf
+from .replication import drop_replication, each_target
 from .source import WORK_SCHEMA, ImportPlan, TablePlan, inspect
 
 #: Detaches per transaction in the teardown, which runs while the application writes to the shards.
@@ -83,7 +85,29 @@ def plan_import(config: Config, source_dsn: str, *, schema: str, key: str, skip:
     with _source(source_dsn) as conn:
         if _journal(conn, schema) is not None:
             raise ConflictError(f"an import of schema {schema} is under way", where="the source", hint="go on with --resume (or --cutover), or undo it with --rollback")
-        return inspect(config, conn, schema=schema, key=key, skip=skip, follow=follow, ids=ids, key_of=key_of)
+        plan = inspect(config, conn, schema=schema, key=key, skip=skip, follow=follow, ids=ids, key_of=key_of)
+        if plan.prepared:
+            prepared.check(conn, plan)
+        return plan
+
+
+def owner_sql(config: Config, source_dsn: str, *, schema: str, key: str, skip: list[str], ids: str | None = None,
+              key_of: dict[str, KeyOf] | None = None) -> str:
+    """--owner-sql: the SQL with which the tables' owner prepares the source for this import by the connecting role."""
+    with _source(source_dsn) as conn:
+        if _journal(conn, schema) is not None:
+            raise ConflictError(f"an import of schema {schema} is under way", where="the source", hint="go on with --resume (or --cutover), or undo it with --rollback")
+        plan = inspect(config, conn, schema=schema, key=key, skip=skip, follow=False, ids=ids, key_of=key_of, owner_sql=True)
+        role = conn.execute("SELECT current_user").fetchone()
+        assert role is not None
+        return prepared.owner_sql(plan, str(role[0]))
+
+
+def owner_undo_sql(source_dsn: str, *, schema: str) -> str:
+    """--owner-sql --rollback: the SQL with which the tables' owner takes the preparation back."""
+    with _source(source_dsn) as conn:
+        found = _journal(conn, schema)
+        return prepared.undo_for(conn, schema, None if found is None else found[0])
 
 
 def start_import(config: Config, source_dsn: str, *, schema: str, key: str, skip: list[str], follow: bool = False, ids: str | None = None,
@@ -92,7 +116,8 @@ def start_import(config: Config, source_dsn: str, *, schema: str, key: str, skip
     plan = plan_import(config, source_dsn, schema=schema, key=key, skip=skip, follow=follow, ids=ids, key_of=key_of)
     with _source(source_dsn) as conn:
         with conn.transaction():
-            execute_script(conn, sqltext.journal_sql())
+            if not plan.prepared:  # else the owner's preparation made the schema
+                execute_script(conn, sqltext.journal_sql())
             conn.execute("INSERT INTO pgidgen_import.journal (schema_name, step, plan) VALUES (%s, 'started', %s)",
                          (schema, json.dumps(plan.as_json())))
     return _run(config, source_dsn, plan, "started", cutover=not follow, say=say, lock_policy=lock_policy, hook=hook)
@@ -157,6 +182,8 @@ def _schema(config: Config, dsn: str, src: psycopg.Connection[Any], plan: Import
                                 where="the source")
         # pg_dump's \restrict lines carry a random key, of no use to the shards
         text = re.sub(r"^\\(?:un)?restrict .*\n", "", done.stdout, flags=re.M) + sqltext.ids_sql(plan)
+        if plan.prepared:
+            text = prepared.strip_dump(text, plan)
         src.execute("UPDATE pgidgen_import.journal SET dump = %s WHERE schema_name = %s", (text, plan.schema))
     parsed = parse_dump(text, f"import-{plan.schema}.sql", plan.schema)
     for line in parsed.summary:
@@ -164,36 +191,24 @@ def _schema(config: Config, dsn: str, src: psycopg.Connection[Any], plan: Import
     apply_ddl(config, parsed)
 
 
-def _each_target(config: Config, plan: ImportPlan, work: Callable[[str, psycopg.Connection[Any]], None], *, doing: str,
-                 parallel: bool = False) -> None:
-    """work on every target database, one after another (or in parallel: in the pause)."""
-    def one(name: str) -> None:
-        with connect(name, config.dsn(name), autocommit=True) as conn:
-            try:
-                work(name, conn)
-            except psycopg.Error as e:
-                raise DatabaseError(f"database {name} failed while {doing}: {pg_message(e)}",
-                                    hint="fix what it says, then pgidgen import --resume (or --rollback)") from None
-    for outcome in each_database(list(plan.targets), one, parallel=parallel).values():
-        if isinstance(outcome, PgidgenError):
-            raise outcome
-
-
 def _staging(config: Config, plan: ImportPlan) -> None:
     def work(name: str, conn: psycopg.Connection[Any]) -> None:
         if conn.execute("SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (WORK_SCHEMA,)).fetchone() is None:
             with conn.transaction():
                 execute_script(conn, sqltext.staging_sql(plan, name) + settle.staging_all_sql(plan, name))
-    _each_target(config, plan, work, doing="making the staging tables")
+    each_target(config, plan, work, doing="making the staging tables")
 
 
 def _replicating(config: Config, dsn: str, src: psycopg.Connection[Any], plan: ImportPlan) -> None:
-    if plan.full_identity:  # before the slots: every change they decode carries its whole old row
+    if plan.full_identity and not plan.prepared:  # before the slots: every change they decode carries its whole old row
         _on_source(src, plan, sqltext.identity_full_sql(plan))
     try:
         for name in plan.targets:
             slot = plan.slot(name)
             if src.execute("SELECT FROM pg_catalog.pg_publication WHERE pubname = %s", (slot,)).fetchone() is None:
+                if plan.prepared:
+                    raise DatabaseError(f"the source lacks publication {slot}, which its owner's preparation made", where="the source",
+                                        hint="have the tables' owner run the SQL pgidgen import --owner-sql prints again, then pgidgen import --resume")
                 src.execute(sqltext.publication_sql(plan, name).encode())
             if src.execute("SELECT FROM pg_catalog.pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() is None:
                 src.execute(sqltext.slot_sql(plan, name).encode())
@@ -204,7 +219,7 @@ def _replicating(config: Config, dsn: str, src: psycopg.Connection[Any], plan: I
     def work(name: str, conn: psycopg.Connection[Any]) -> None:
         if conn.execute("SELECT FROM pg_catalog.pg_subscription WHERE subname = %s", (plan.slot(name),)).fetchone() is None:
             conn.execute(sqltext.subscription_sql(plan, name, dsn).encode())
-    _each_target(config, plan, work, doing="subscribing to the source")
+    each_target(config, plan, work, doing="subscribing to the source")
 
 
 def _on_source(src: psycopg.Connection[Any], plan: ImportPlan, script: str) -> None:
@@ -301,9 +316,16 @@ def _stop_writes(config: Config, src: psycopg.Connection[Any], plan: ImportPlan,
     where_to = f"{plan.shard_count} shards on {', '.join(plan.targets)}"
 
     def work(conn: psycopg.Connection[Any]) -> None:
-        conn.execute(sqltext.lock_sql(plan).encode())
-        conn.execute(b"SET LOCAL lock_timeout = 0")
-        execute_script(conn, sqltext.freeze_sql(plan, token, where_to))
+        if plan.prepared:  # the owner's gate (prepared.py) for the LOCK and the trigger
+            lock, shut = prepared.close_sql(plan)
+            conn.execute(lock.encode())
+            conn.execute(b"SET LOCAL lock_timeout = 0")
+            conn.execute(shut.encode())
+            conn.execute(f"INSERT INTO {sql.Identifier(WORK_SCHEMA).as_string(conn)}.heartbeat (token) VALUES (%s)".encode(), (token,))
+        else:
+            conn.execute(sqltext.lock_sql(plan).encode())
+            conn.execute(b"SET LOCAL lock_timeout = 0")
+            execute_script(conn, sqltext.freeze_sql(plan, token, where_to))
         _record(conn, plan, "frozen")
 
     with_lock_retries(src, work, schemas=[plan.schema], policy=policy or LockPolicy(wait=60), where="the source")
@@ -440,7 +462,7 @@ def _sequence_values(src: psycopg.Connection[Any], plan: ImportPlan) -> dict[str
 
 def _set_sequences(config: Config, plan: ImportPlan, values: dict[str, int]) -> None:
     if values:
-        _each_target(config, plan, lambda name, conn: execute_script(conn, sqltext.sequences_sql(plan, name, values)),
+        each_target(config, plan, lambda name, conn: execute_script(conn, sqltext.sequences_sql(plan, name, values)),
                      doing="carrying the sequences over", parallel=True)
 
 
@@ -465,8 +487,8 @@ def _teardown(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, at
     """After the shards opened (the application may write to them): replication gone, the shards' tables detached
     from the staging tables in small transactions, each under a short lock_timeout and retried (a detach locks its
     shard's table: the application waits at most one try), then the staging tables dropped."""
-    _drop_replication(config, src, plan)
-    if plan.full_identity:
+    drop_replication(config, src, plan)
+    if plan.full_identity and not plan.prepared:
         _on_source(src, plan, sqltext.identity_restore_sql(plan))
     at("done:replication-dropped")
 
@@ -481,7 +503,7 @@ def _teardown(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, at
             with_lock_retries(conn, run, schemas=shards, where=f"database {name}")
         with_lock_retries(conn, lambda c: execute_script(c, sqltext.drop_staging_sql(plan, name)), schemas=[plan.schema, WORK_SCHEMA],
                           where=f"database {name}")
-    _each_target(config, plan, work, doing="taking the staging tables apart")
+    each_target(config, plan, work, doing="taking the staging tables apart")
 
 
 def _attached(conn: psycopg.Connection[Any], plan: ImportPlan) -> list[str]:
@@ -490,66 +512,6 @@ def _attached(conn: psycopg.Connection[Any], plan: ImportPlan) -> list[str]:
                         " JOIN pg_catalog.pg_class p ON p.oid = i.inhparent JOIN pg_catalog.pg_namespace n ON n.oid = p.relnamespace"
                         " WHERE n.nspname = %s AND p.relkind = 'p'", (plan.schema,)).fetchall()
     return [sql.Identifier(str(r[0]), str(r[1])).as_string(None) for r in rows]
-
-
-def _drop_replication(config: Config, src: psycopg.Connection[Any], plan: ImportPlan) -> None:
-    subids: dict[str, int] = {}
-
-    def disable(name: str, conn: psycopg.Connection[Any]) -> None:
-        row = conn.execute("SELECT oid FROM pg_catalog.pg_subscription WHERE subname = %s", (plan.slot(name),)).fetchone()
-        if row is not None:
-            subids[name] = int(row[0])
-            for stmt in sqltext.disable_subscription_sql(plan.slot(name)).splitlines():
-                conn.execute(stmt.encode())
-
-    def drop(name: str, conn: psycopg.Connection[Any]) -> None:
-        if name in subids:
-            conn.execute(sql.SQL("DROP SUBSCRIPTION IF EXISTS {}").format(sql.Identifier(plan.slot(name))))
-    _each_target(config, plan, disable, doing="disabling its subscription")
-    patterns = [f"pg_{i}_sync_%" for i in subids.values()]
-    _quiesce(config, src, subids, patterns)
-    _each_target(config, plan, drop, doing="dropping its subscription")
-    names = [plan.slot(n) for n in plan.targets]
-    deadline = time.monotonic() + 30
-    while True:
-        left = src.execute("SELECT slot_name, active FROM pg_catalog.pg_replication_slots WHERE slot_name = ANY(%s) OR slot_name LIKE ANY(%s)",
-                           (names, patterns)).fetchall()
-        for slot, active in left:
-            if not active:
-                src.execute("SELECT pg_catalog.pg_drop_replication_slot(%s)", (slot,))
-        if not left or all(not a for _, a in left):
-            break
-        if time.monotonic() > deadline:
-            raise DatabaseError(f"replication slot {left[0][0]} on the source stays in use", hint="run again in a moment: --resume or --rollback")
-        time.sleep(0.1)
-    for n in names:
-        src.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(n)))
-
-
-def _quiesce(config: Config, src: psycopg.Connection[Any], subids: dict[str, int], patterns: list[str]) -> None:
-    """The disabled subscriptions' workers gone before they are dropped. A table's copy creates its slot on the
-    source, which waits for every transaction running there to end; DROP SUBSCRIPTION, which drops that slot
-    and waits for it to be free, is one of them when a target is a database of the source's server: each would
-    wait for the other, for ever (seen: 17 minutes). So the source's sessions serving those copies are ended
-    first (their slots go with them, or are dropped after), and the workers, disabled, are not started again."""
-    conns = {n: connect(n, config.dsn(n), autocommit=True) for n in subids}
-    deadline = time.monotonic() + 30
-    try:
-        while True:
-            src.execute("SELECT pg_catalog.pg_terminate_backend(s.active_pid) FROM pg_catalog.pg_replication_slots s"
-                        " JOIN pg_catalog.pg_stat_activity a ON a.pid = s.active_pid"
-                        " WHERE s.slot_name LIKE ANY(%s) AND pg_catalog.pg_has_role(a.usesysid, 'MEMBER')", (patterns,))
-            busy = [n for n, c in conns.items() if c.execute("SELECT FROM pg_catalog.pg_stat_subscription WHERE subid = %s AND pid IS NOT NULL",
-                                                             (subids[n],)).fetchone() is not None]
-            if not busy:
-                return
-            if time.monotonic() > deadline:
-                raise DatabaseError(f"database {busy[0]}: the import's subscription, disabled, still has workers after 30 s",
-                                    hint="run again in a moment: --resume or --rollback")
-            time.sleep(0.1)
-    finally:
-        for c in conns.values():
-            c.close()
 
 
 def rollback_import(config: Config, source_dsn: str, *, schema: str, say: Say = lambda _: None) -> ImportPlan:
@@ -566,7 +528,7 @@ def rollback_import(config: Config, source_dsn: str, *, schema: str, say: Say = 
             raise ConflictError(f"the import of schema {schema} has cut over: the shards are open and may hold new writes", where="the source",
                                 hint="there is no rollback after the cutover: finish it with pgidgen import --resume SOURCE (it takes the staging tables apart)")
         say("import: rolling back")
-        _drop_replication(config, src, plan)
+        drop_replication(config, src, plan)
 
         def work(name: str, conn: psycopg.Connection[Any]) -> None:
             with conn.transaction():
@@ -576,10 +538,13 @@ def rollback_import(config: Config, source_dsn: str, *, schema: str, say: Say = 
                 if all(conn.execute("SELECT pg_catalog.to_regclass(%s)", (sql.Identifier(schema_name(s), t.name).as_string(conn),)).fetchone() != (None,)
                        for t in plan.tables for s in plan.targets[name]):
                     execute_script(conn, sqltext.empty_shards_sql(plan, name))
-        _each_target(config, plan, work, doing="rolling back")
-        if plan.full_identity:
+        each_target(config, plan, work, doing="rolling back")
+        if plan.full_identity and not plan.prepared:
             _on_source(src, plan, sqltext.identity_restore_sql(plan))
         with src.transaction():
-            execute_script(src, sqltext.unfreeze_sql(plan))
-            src.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(WORK_SCHEMA)))
+            if plan.prepared:
+                execute_script(src, prepared.forget_sql(plan.schema))
+            else:
+                execute_script(src, sqltext.unfreeze_sql(plan))
+                src.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(WORK_SCHEMA)))
     return plan

@@ -65,8 +65,9 @@ def _primary_key(conn: psycopg.Connection[Any], schema: str, table: str) -> list
 
 
 def check_key_of(conn: psycopg.Connection[Any], *, schema: str, key: str, routes: dict[str, KeyOf], tables: Sequence[str],
-                 skip: Sequence[str], has_key: dict[str, bool]) -> dict[str, list[str]]:
-    """The refusals, in the order a reader would check by hand; returns each key-of table's primary key columns."""
+                 skip: Sequence[str], has_key: dict[str, bool], read_rows: bool = True) -> dict[str, list[str]]:
+    """The refusals, in the order a reader would check by hand; returns each key-of table's primary key columns.
+    read_rows=False: the catalog's refusals only (--owner-sql, for a role that may not read the rows yet)."""
     pks: dict[str, list[str]] = {}
     for k in routes.values():
         where = f"{schema}.{k.table}"
@@ -109,6 +110,8 @@ def check_key_of(conn: psycopg.Connection[Any], *, schema: str, key: str, routes
             raise InputError(f"--key-of {k.table}: {where} has no primary key", where="the source",
                              hint="its rows are routed again by primary key when they change: add one")
         pks[k.table] = pk
+        if not read_rows:
+            continue
         col, child, parent = sql.Identifier(k.column), sql.Identifier(schema, k.table), sql.Identifier(schema, k.parent)
         nulls = conn.execute(sql.SQL("SELECT EXISTS (SELECT FROM {} WHERE {} IS NULL)").format(child, col)).fetchone()
         if nulls and nulls[0]:

@@ -77,6 +77,8 @@ class ImportPlan:
     #: source relations whose replica identity lacks the key, set to FULL for the import (a DELETE's old row must
     #: carry the key, or a target could not find its shard), with the clause that gives theirs back at the end
     full_identity: dict[str, str] = field(default_factory=dict)
+    #: the tables' owner prepared the source (prepared.py): the publications, identities and gate are theirs
+    prepared: bool = False
 
     def slot(self, database: str) -> str:
         """The slot, publication and subscription name for one target: prefixed, findable, unique per source."""
@@ -137,10 +139,12 @@ ORDER BY t.level, 1
 
 
 def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key: str, skip: Sequence[str], follow: bool,
-            ids: str | None = None, key_of: dict[str, KeyOf] | None = None) -> ImportPlan:
-    """The plan, or the first refusal: reads the source and the shard map; writes nothing anywhere."""
+            ids: str | None = None, key_of: dict[str, KeyOf] | None = None, owner_sql: bool = False) -> ImportPlan:
+    """The plan, or the first refusal: reads the source and the shard map; writes nothing anywhere. owner_sql: the
+    plan the tables' owner prepares the source for (prepared.py), made by a role that need not own them."""
     routes = key_of or {}
-    _check_server(source)
+    prepared = prepared_identity(source, schema)
+    _check_server(source, own_schema=prepared is None and not owner_sql)
     rows = source.execute(_TABLES_SQL, {"schema": schema, "key": key}).fetchall()
     if not rows:
         raise InputError(f"schema {schema} of the source has no tables", hint="name the schema the application's tables live in (--schema)")
@@ -148,7 +152,8 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
     unknown = sorted(set(skip) - names)
     if unknown:
         raise InputError(f"--skip names {', '.join(unknown)}, not a table of schema {schema}", hint="give the tables' names as \\dt lists them")
-    pks = check_key_of(source, schema=schema, key=key, routes=routes, tables=sorted(names), skip=skip, has_key={r[0]: r[3] is not None for r in rows})
+    pks = check_key_of(source, schema=schema, key=key, routes=routes, tables=sorted(names), skip=skip, has_key={r[0]: r[3] is not None for r in rows},
+                       read_rows=not owner_sql)
     tables: list[TablePlan] = []
     full_identity: dict[str, str] = {}
     for name, _kind, ident, typ, ident_cols, owns, est, size in rows:
@@ -163,18 +168,19 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
         if ident == "n" or (ident in ("d", "i") and not ident_cols):
             raise InputError(f"table {where} has no primary key or replica identity", where="the source",
                              hint=f"its updates could not be carried over: add a primary key, or ALTER TABLE {where} REPLICA IDENTITY USING INDEX <a unique index on NOT NULL columns>")
-        if not owns:
+        if not owns and prepared is None and not owner_sql:
             raise DatabaseError(f"the source's role does not own {where}", where="the source",
-                                hint="a publication needs the tables' owner: connect as the role that owns them")
+                                hint="a publication needs the tables' owner: connect as the role that owns them, or have it run"
+                                     " the SQL pgidgen import --owner-sql prints (then REPLICATION and SELECT suffice)")
         if name in routes:
             k = routes[name]
             tables.append(TablePlan(name, False, int(est), int(size), k.column, k.parent, k.parent_column, pks[name]))
             continue
         tables.append(TablePlan(name, True, int(est), int(size)))
-        if ident != "f" and key not in (ident_cols or []):
+        if ident != "f" and key not in (ident_cols or []) and prepared is None:
             for rel, clause in source.execute(_IDENTITIES_SQL, {"rel": sql.Identifier(schema, name).as_string(source)}).fetchall():
                 full_identity[str(rel)] = str(clause)
-    for t in tables:
+    for t in tables if not owner_sql else []:  # the rows are read when the import starts (the role may not read them yet)
         if t.parent:
             continue
         q = sql.SQL("SELECT EXISTS (SELECT FROM {} WHERE {} IS NULL)").format(sql.Identifier(schema, t.name), sql.Identifier(key))
@@ -191,14 +197,14 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
         raise ConfigError("the shard map is not whole: " + "; ".join(m.problems + list(m.unreachable.values())), hint="run pgidgen status, fix it, then import")
     targets = {n: sorted(s) for n, s in sorted(m.databases.items()) if s}
     plan = ImportPlan(schema, key, m.shard_count, int(oid[0]), tables, targets, sorted(skip), sequences, follow=follow, ids=ids,
-                      full_identity=full_identity)
+                      full_identity=full_identity if prepared is None else prepared, prepared=prepared is not None and not owner_sql)
     if ids is not None:
-        _plan_ids(config, source, plan)
+        _plan_ids(config, source, plan, prove_now=not owner_sql)
     plan.make_schema = [n for n in targets if _check_target(config, n, plan)]
     return plan
 
 
-def _plan_ids(config: Config, source: psycopg.Connection[Any], plan: ImportPlan) -> None:
+def _plan_ids(config: Config, source: psycopg.Connection[Any], plan: ImportPlan, *, prove_now: bool) -> None:
     """--ids next_id: the ID columns, then the collision proof (refused here, before anything is written)."""
     if plan.ids not in ID_SOURCES:
         raise InputError(f"--ids {plan.ids} is not known", hint=f"give --ids {' or '.join(ID_SOURCES)}, or leave it out to keep the source's defaults")
@@ -206,10 +212,22 @@ def _plan_ids(config: Config, source: psycopg.Connection[Any], plan: ImportPlan)
     plan.id_columns, plan.identity = found.columns, found.identity
     plan.sequences = [s for s in plan.sequences if s not in found.identity_sequences]
     plan.id_bound = id_bound(config, list(plan.targets))
-    prove(source, config.layout, schema=plan.schema, columns=plan.id_columns, bound=plan.id_bound)
+    if prove_now:
+        prove(source, config.layout, schema=plan.schema, columns=plan.id_columns, bound=plan.id_bound)
 
 
-def _check_server(source: psycopg.Connection[Any]) -> None:
+def prepared_identity(source: psycopg.Connection[Any], schema: str) -> dict[str, str] | None:
+    """None when the tables' owner has not prepared the source for this schema's import (prepared.py); else the
+    replica identities the preparation set FULL, with the clauses that give theirs back."""
+    if source.execute("SELECT pg_catalog.to_regclass(%s)", (f"{WORK_SCHEMA}.prepared",)).fetchone() == (None,):
+        return None
+    row = source.execute(sql.SQL("SELECT full_identity FROM {} WHERE schema_name = %s").format(sql.Identifier(WORK_SCHEMA, "prepared")),
+                         (schema,)).fetchone()
+    return None if row is None else {str(k): str(v) for k, v in row[0].items()}
+
+
+def _check_server(source: psycopg.Connection[Any], *, own_schema: bool) -> None:
+    """own_schema: pgidgen makes its schema on the source (else the owner's preparation made it, or will)."""
     version = source.info.server_version
     if version < 150000:
         raise ConfigError(f"the source runs PostgreSQL {version // 10000}", hint="import needs 15 or later (publication row filters)")
@@ -222,9 +240,12 @@ def _check_server(source: psycopg.Connection[Any]) -> None:
         " FROM pg_catalog.pg_roles r WHERE r.rolname = current_user").fetchone()
     if row is None or not row[0]:
         raise DatabaseError("the source's role lacks REPLICATION", where="the source", hint="ALTER ROLE <it> REPLICATION (as a superuser), or connect as one that has it")
+    if not own_schema:
+        return
     if not row[1]:
         raise DatabaseError("the source's role may not CREATE in its database", where="the source",
-                            hint=f"GRANT CREATE ON DATABASE <it> TO <role>: import keeps its journal in a schema {WORK_SCHEMA} there")
+                            hint=f"GRANT CREATE ON DATABASE <it> TO <role> (import keeps its journal in a schema {WORK_SCHEMA} there),"
+                                 " or have the tables' owner run the SQL pgidgen import --owner-sql prints")
     if source.execute("SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s", (WORK_SCHEMA,)).fetchone() is not None:
         raise ConflictError(f"the source has a schema {WORK_SCHEMA} but no import under way in this schema",
                             hint="an import of another schema, or a finished one: drop that schema if it is a leftover")
