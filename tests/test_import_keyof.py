@@ -16,6 +16,7 @@ from test_import import SHARDS, _config_file, _rows, source, two  # noqa: F401
 
 from pgidgen.cli import main
 from pgidgen.config import Config
+from pgidgen.errors import PgidgenError
 from pgidgen.importing import ImportResult, resume_import, rollback_import, start_import
 from pgidgen.importing.keyof import KeyOf, parse_key_of
 from pgidgen.init import init
@@ -286,4 +287,21 @@ def test_a_chain_refused_before_anything_is_written(keyed: str, two: Config, tmp
     args = [a for k in key_of for a in ("--key-of", k)]
     result = CliRunner().invoke(main, ["--config", _config_file(two, tmp_path), "import", keyed, "--key", "user_id", "--skip", "countries", *args])
     assert result.exit_code == 1 and message in result.output, result.output
+    assert leftovers({"source": keyed, **two.databases}) == []
+
+
+def test_a_comment_written_with_no_like_is_refused_before_the_pause(keyed: str, two: Config) -> None:  # noqa: F811
+    """Without a foreign key the application may write a child whose chain breaks (here the comment's like does not
+    exist): the verification ahead of the pause refuses, naming the chain, and the source serves on."""
+    with psycopg.connect(keyed, autocommit=True) as c:
+        c.execute(COMMENTS.replace(" REFERENCES likes (id) ON DELETE CASCADE", ""))
+    assert start_import(two, keyed, schema="public", key="user_id", skip=["countries"], key_of=CHAIN, follow=True).step == "copied"
+    with psycopg.connect(keyed, autocommit=True) as c:
+        c.execute("INSERT INTO comments (like_id, body) VALUES (100000, 'no like')")
+    with pytest.raises(PgidgenError, match=r"verification failed before the cutover: 1 rows of public\.comments (whose like_id is 100000 )?"
+                                           r"reach no photos row \(through comments -> likes -> photos\): they have no shard"):
+        resume_import(two, keyed, schema="public", cutover=True)
+    rollback_import(two, keyed, schema="public")
+    with psycopg.connect(keyed, autocommit=True) as c:
+        c.execute("DELETE FROM comments WHERE like_id = 100000")  # writable again
     assert leftovers({"source": keyed, **two.databases}) == []

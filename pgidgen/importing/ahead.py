@@ -46,7 +46,7 @@ from ..errors import DatabaseError
 from ..idgen import schema_name
 from . import settle
 from .source import WORK_SCHEMA, ImportPlan, TablePlan, shard_expr
-from .sqltext import TEXT_FORM_SQL, checksum_sql, checksum_terms, parent_join, shard_checksums_sql
+from .sqltext import TEXT_FORM_SQL, checksum_sql, checksum_terms, orphaned, parent_join, shard_checksums_sql
 
 #: rounds ahead of the pause stop when this few values wait (the pause reads their rows by index)
 FEW = 2000
@@ -324,7 +324,7 @@ class Ahead:
             want, have = src[k], tgt[k]
             t = next(x for x in self.plan.tables if x.name == k[0])
             if None in want:
-                problems.append(f"{want[None][0]} rows of {self.plan.schema}.{k[0]} whose {route_column(self.plan, t)} is {k[1]} have no {t.parent} row:"
+                problems.append(f"{want[None][0]} rows of {self.plan.schema}.{k[0]} whose {route_column(self.plan, t)} is {k[1]} {orphaned(self.plan, t)}:"
                                 " they have no shard")
             for shard in sorted((set(want) | set(have)) - {None}):
                 (n, a), (m, b) = have.get(shard, (0, 0)), want.get(shard, (0, 0))
@@ -436,7 +436,7 @@ class Ahead:
                             sums[shard] = (m - n, b - total)
             orphans = want.pop(None, (0, 0))[0]
             if orphans:
-                problems.append(f"{orphans} rows of {plan.schema}.{t.name} have no {t.parent} row: they have no shard")
+                problems.append(f"{orphans} rows of {plan.schema}.{t.name} {orphaned(plan, t)}: they have no shard")
             db_of = self._db_of()
             for s in sorted(db_of):
                 (n, a), (m, b) = have.get(s, (0, 0)), want.get(s, (0, 0))

@@ -407,7 +407,7 @@ def _verify_whole(config: Config, src: psycopg.Connection[Any], plan: ImportPlan
         want = {int(r[0]): (int(r[1]), int(r[2])) for r in rows if r[0] is not None}
         orphans = sum(int(r[1]) for r in rows if r[0] is None)
         if orphans:
-            problems.append(f"{orphans} rows of {plan.schema}.{t.name} have no {t.parent} row: they have no shard")
+            problems.append(f"{orphans} rows of {plan.schema}.{t.name} {sqltext.orphaned(plan, t)}: they have no shard")
         result.verified[t.name] = sum(n for n, _ in want.values())
         for name in plan.targets:
             have = haves[name][t.name]

@@ -213,6 +213,13 @@ def parents_of(plan: ImportPlan, t: TablePlan) -> list[TablePlan]:
     return out
 
 
+def orphaned(plan: ImportPlan, t: TablePlan) -> str:
+    """What a --key-of table's rows with no shard lack, for the refusal: the parent, or for a chain the table with
+    the key at its end (a missing link anywhere up the chain leaves them with none)."""
+    chain = [t.name] + [p.name for p in parents_of(plan, t)]
+    return f"have no {t.parent} row" if len(chain) == 2 else f"reach no {chain[-1]} row (through {' -> '.join(chain)})"
+
+
 def parent_join(plan: ImportPlan, t: TablePlan, row: str = "pgidgen_row") -> tuple[str, str]:
     """The joins from a --key-of table's row (alias row) up its parents to the one with the key, and that row's
     shard (NULL when a link is missing): (the LEFT JOINs' text, the shard expression)."""
