@@ -33,6 +33,31 @@ def _rich(dsn: str) -> None:
             c.execute(APP.read_text().replace("public.", f"{s}.").replace("search_path = public", f"search_path = {s}, public").encode())
 
 
+def test_a_batch_reads_its_owners_grants_as_each_schema_does(fresh_dsns: dict[str, str]) -> None:
+    """depsql.OWNER_GRANTS_MANY_SQL (a batch's schemas' objects through pg_depend's index) finds what
+    OWNER_GRANTS_SQL's pass over the catalogs finds schema by schema, every kind of object app.sql grants on and
+    more granted here, but for array types (their privileges are their element type's: none of their own to carry)."""
+    from pgidgen.move import depsql
+
+    dsn = fresh_dsns["db1"]
+    _rich(dsn)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("GRANT USAGE ON TYPE shard_2.task_state, shard_2.money_pair, shard_2.hours TO pg_monitor;"
+                  " GRANT USAGE ON SEQUENCE shard_2.tasks_id_seq TO pg_monitor; GRANT UPDATE (title) ON shard_2.tasks TO pg_monitor;"
+                  " REVOKE EXECUTE ON FUNCTION shard_2.concat_line(text, text) FROM PUBLIC")
+        c.execute("SET search_path = ''")
+        many = {tuple(r) for r in c.execute(depsql.OWNER_GRANTS_MANY_SQL, {"schemas": RICH})}
+        each = {(s, *r) for s in RICH for r in c.execute(depsql.OWNER_GRANTS_SQL, {"schema": s})}
+        arrays = {(str(r[0]), str(r[1])) for r in c.execute(
+            "SELECT n.nspname, pg_catalog.quote_ident(t.typname) FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace"
+            " WHERE n.nspname = ANY(%s) AND t.typsubscript = 'pg_catalog.array_subscript_handler'::pg_catalog.regproc", (RICH,))}
+    assert arrays and many == {r for r in each if r[1] != "TYPE" or (r[0], r[2]) not in arrays}
+    kinds = {(r[1], r[3] is not None) for r in many if r[0] == "shard_2" and r[4] == "pg_monitor"}
+    assert kinds == {("TYPE", False), ("SEQUENCE", False), ("TABLE", True)}, kinds
+    concat = {r[4] for r in many if (r[2] or "").startswith("shard_2.concat_line(")}
+    assert concat and "PUBLIC" not in concat, concat  # found, its owner's EXECUTE only
+
+
 def _plain(script: bytes) -> bytes:
     return re.sub(rb"\n\n+", b"\n\n", script)
 

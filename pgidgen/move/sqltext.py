@@ -240,6 +240,11 @@ _ON_SCHEMA = ("JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_name
               " AND d.refobjsubid = 0 AND d.deptype = 'n' AND d.classid = 'pg_catalog.{catalog}'::pg_catalog.regclass")
 
 
+def on_schema(catalog: str) -> str:
+    """`JOIN pg_depend d`: the objects of one catalog (d.objid) that depend on schema n, by pg_depend's index."""
+    return _ON_SCHEMA.format(catalog=catalog)
+
+
 def relations_of(schemas: str, select: str) -> str:
     """`SELECT select` over every relation (pg_class c) of the schemas (n: a CTE or parenthesised query with their
     oid), found through pg_depend's index on the referenced object instead of a pass over pg_class, which has no
