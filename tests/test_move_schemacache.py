@@ -33,6 +33,25 @@ def _rich(dsn: str) -> None:
             c.execute(APP.read_text().replace("public.", f"{s}.").replace("search_path = public", f"search_path = {s}, public").encode())
 
 
+def test_a_schemas_objects_found_through_pg_depend_are_the_passes_over_the_catalogs(fresh_dsns: dict[str, str]) -> None:
+    """depsql's dependents checks (what depends on a schema's objects) take the schema's functions, types (their
+    arrays, relations' row types) and relations through pg_depend's index: every one the passes over pg_proc,
+    pg_type and pg_class find, and no other."""
+    from pgidgen.move import depsql
+
+    dsn = fresh_dsns["db1"]
+    _rich(dsn)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for schema in RICH:
+            found = {(str(r[0]), int(r[1])) for r in c.execute(f"SELECT c::text, o FROM ({depsql._objects_sql('%(s)s')}) x (c, o)", {"s": schema})}
+            scanned = {(str(r[0]), int(r[1])) for r in c.execute(
+                "SELECT 'pg_proc', oid FROM pg_proc WHERE pronamespace = %(s)s::regnamespace"
+                " UNION ALL SELECT 'pg_type', oid FROM pg_type WHERE typnamespace = %(s)s::regnamespace"
+                " UNION ALL SELECT 'pg_class', oid FROM pg_class WHERE relnamespace = %(s)s::regnamespace", {"s": schema})}
+            assert found == scanned, (schema, sorted(found ^ scanned))
+            assert len(scanned) > 100
+
+
 def test_a_batch_reads_its_owners_grants_as_each_schema_does(fresh_dsns: dict[str, str]) -> None:
     """depsql.OWNER_GRANTS_MANY_SQL (a batch's schemas' objects through pg_depend's index) finds what
     OWNER_GRANTS_SQL's pass over the catalogs finds schema by schema, every kind of object app.sql grants on and

@@ -32,12 +32,18 @@ _OWNER_SCHEMA = """coalesce((pg_catalog.pg_identify_object(classid, objid, objsu
 
 
 def _objects_sql(schema_param: str) -> str:
-    """The relations, types and functions of the schema named by schema_param, as (catalog, oid): none of the
-    three catalogs has an index on the schema, so this reads each of them whole."""
+    """The relations, types and functions of the schema named by schema_param, as (catalog, oid), found through
+    pg_depend's index (none of the three catalogs has one on the schema: a pass over each took some 70 ms a batch
+    at 2000 shards): functions and types depend on their schema, relations as relations_of finds them; a type's
+    array and a relation's row type (and its array) through their oids (tests/test_move_schemacache.py holds it to
+    the passes over the catalogs). Duplicates are harmless: the dependents are DISTINCT."""
+    n = f"(SELECT oid FROM pg_catalog.pg_namespace WHERE oid = pg_catalog.to_regnamespace({schema_param}))"
+    with_array = "JOIN pg_catalog.pg_type t ON t.oid = {of}, LATERAL (VALUES (t.oid), (t.typarray)) x (oid) WHERE x.oid <> 0"
     return f"""
-    SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, oid FROM pg_catalog.pg_proc WHERE pronamespace = pg_catalog.to_regnamespace({schema_param})
-    UNION ALL SELECT 'pg_catalog.pg_type'::pg_catalog.regclass, oid FROM pg_catalog.pg_type WHERE typnamespace = pg_catalog.to_regnamespace({schema_param})
-    UNION ALL SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, oid FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.to_regnamespace({schema_param})"""
+    SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, d.objid FROM {n} n {on_schema('pg_proc')}
+    UNION ALL SELECT 'pg_catalog.pg_type'::pg_catalog.regclass, x.oid FROM {n} n {on_schema('pg_type')} {with_array.format(of='d.objid')}
+    UNION ALL SELECT 'pg_catalog.pg_type'::pg_catalog.regclass, x.oid FROM ({relations_of(n, 'c.reltype')}) r (reltype) {with_array.format(of='r.reltype')}
+    UNION ALL SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, r.oid FROM ({relations_of(n, 'c.oid')}) r (oid)"""
 
 
 def _dependents_sql(schema_param: str, select: str, *, objects: str | None = None) -> str:

@@ -50,6 +50,9 @@ from .context import MoveError
 #: Linux F_SETPIPE_SZ: a 1 MB pipe lets psql run ahead of the relay instead of waiting on every 64 kB.
 _SETPIPE_SZ = 1031
 _BLOCK = 1 << 20
+#: The most the inline tables' reads ahead hold in memory at once (_Prefetch).
+PREFETCH_BYTES = 64 << 20
+STOP_WAIT_S = 10.0
 #: Types below this OID are built in: their binary form is the same in every database of one major version.
 _FIRST_USER_OID = 16384
 
@@ -348,6 +351,7 @@ class Transfer:
         self.streams: dict[tuple[str, str], _Proc] = {}
         self.bytes = 0
         self.reader: psycopg.Connection[Any] | None = None  # the inline tables' source connection, at the snapshot
+        self.prefetch: _Prefetch | None = None  # its reads, ahead of the target
 
     def __enter__(self) -> Transfer:
         return self
@@ -369,8 +373,14 @@ class Transfer:
             for setting in q.COPY_OUT_SETTINGS:
                 self.reader.execute(setting)
             self.reader.execute(f"SET client_encoding = {q.literal(self.encoding)}")
+            self.prefetch = _Prefetch(self.reader, [(t.schema or self.schema, t.name, q.copy_out_sql(t.schema or self.schema, t.name, binary=t.binary,
+                                                                                                  columns=t.columns)) for t in self.tables if t.inline])
 
     def close(self) -> None:
+        if self.prefetch is not None:
+            if not self.prefetch.stop():  # a read that does not end (a silent source): its connection is left to it
+                self.reader = None
+            self.prefetch = None
         if self.reader is not None:
             self.reader.close()
             self.reader = None
@@ -461,22 +471,77 @@ class Transfer:
 
 
     def _relay_inline(self, tgt: psycopg.Connection[Any], table: TableCopy, on_block: OnBlock | None) -> None:
-        assert self.reader is not None
+        """An inline table's rows, read ahead from the source (_Prefetch), into the target's COPY."""
+        assert self.prefetch is not None
         schema = table.schema or self.schema
-        out = q.copy_out_sql(schema, table.name, binary=table.binary, columns=table.columns)
-        into = q.copy_in_sql(schema, table.name, binary=table.binary, freeze=self.freeze, columns=table.columns)
         try:
-            with self.reader.cursor().copy(out) as src:
-                with tgt.cursor().copy(into) as dst:
-                    for block in src:
-                        dst.write(block)
-                        self.bytes += len(block)
-                        if on_block is not None:
-                            on_block(f"{schema}.{table.name}", len(block))
+            blocks = self.prefetch.take(schema, table.name)
         except psycopg.Error as e:
-            if self.reader.info.transaction_status == psycopg.pq.TransactionStatus.INERROR or self.reader.broken:
-                raise MoveError(f"reading {schema}.{table.name} on the source failed: {scrub(str(e).splitlines()[0] if str(e) else type(e).__name__)}") from None
-            raise
+            raise MoveError(f"reading {schema}.{table.name} on the source failed: {scrub(str(e).splitlines()[0] if str(e) else type(e).__name__)}") from None
+        with tgt.cursor().copy(q.copy_in_sql(schema, table.name, binary=table.binary, freeze=self.freeze, columns=table.columns)) as dst:
+            for block in blocks:
+                dst.write(block)
+                self.bytes += len(block)
+                if on_block is not None:
+                    on_block(f"{schema}.{table.name}", len(block))
+
+
+class _Prefetch:
+    """The inline (small) tables' rows, read from the source on a thread of their own in the order the target takes
+    them, while the target restores the schema before them: a batch of 100 shards has some 200 such tables, and
+    reading each only when the target wanted it put a source round trip per table on the copy's path. Each
+    table's COPY blocks are held in memory until taken; no new table is read while PREFETCH_BYTES are held."""
+
+    def __init__(self, reader: psycopg.Connection[Any], tables: list[tuple[str, str, str]]) -> None:
+        self.reader = reader
+        self.tables = tables
+        self.cond = threading.Condition()
+        self.ready: dict[tuple[str, str], list[bytes]] = {}
+        self.held = 0
+        self.error: tuple[tuple[str, str], BaseException] | None = None
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, name="pgidgen-inline-reads", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        for schema, name, out in self.tables:
+            with self.cond:
+                self.cond.wait_for(lambda: self.stopped or self.held < PREFETCH_BYTES)
+                if self.stopped:
+                    return
+            try:
+                with self.reader.cursor().copy(out) as src:
+                    blocks = [bytes(b) for b in src]
+            except BaseException as e:  # given to the table's taker, raised there
+                with self.cond:
+                    self.error = ((schema, name), e)
+                    self.cond.notify_all()
+                return
+            with self.cond:
+                self.ready[(schema, name)] = blocks
+                self.held += sum(len(b) for b in blocks)
+                self.cond.notify_all()
+
+    def take(self, schema: str, name: str) -> list[bytes]:
+        """The table's blocks (waiting for them); the source's error instead, when its read failed."""
+        with self.cond:
+            self.cond.wait_for(lambda: (schema, name) in self.ready or self.error is not None)
+            if (schema, name) not in self.ready:
+                assert self.error is not None
+                raise self.error[1]
+            blocks = self.ready.pop((schema, name))
+            self.held -= sum(len(b) for b in blocks)
+            self.cond.notify_all()
+            return blocks
+
+    def stop(self) -> bool:
+        """No more reads; whether the one under way ended (its table is small) within STOP_WAIT_S, so that the
+        reader is free to close (not, while the thread may still be reading on it)."""
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+        self.thread.join(STOP_WAIT_S)
+        return not self.thread.is_alive()
 
 
 class _SourceFailed(Exception):
