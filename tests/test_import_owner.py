@@ -61,6 +61,8 @@ def _prepare(cfg: Config, source: str, reader: str, tmp: Path) -> None:
 
 def test_a_role_with_replication_and_select_imports_once_the_owner_prepared(source: str, two: Config, reader: str,  # noqa: F811
                                                                               tmp_path: Path) -> None:
+    with psycopg.connect(source, autocommit=True) as c:  # an identity without the key, of an index: FULL for the import
+        c.execute("ALTER TABLE photos REPLICA IDENTITY USING INDEX photos_pkey")
     with pytest.raises(PgidgenError, match=r"may not CREATE in its database.*pgidgen import --owner-sql"):
         plan_import(two, reader, schema="public", key="user_id", skip=["countries"])
     _prepare(two, source, reader, tmp_path)
@@ -87,19 +89,31 @@ def test_a_role_with_replication_and_select_imports_once_the_owner_prepared(sour
         assert sorted(r for _, r in _rows(two, "users", "user_id, name")) == sorted(c.execute("SELECT user_id, name FROM users").fetchall())
     with psycopg.connect(two.databases["db1"]) as c:  # the shards have the source's schema, not the preparation's
         assert c.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'pgidgen_gate'").fetchone() == (0,)
-        assert c.execute("SELECT relreplident FROM pg_class WHERE oid = 'shard_3.photos'::regclass").fetchone() == ("d",)
+        assert c.execute("SELECT relreplident, (SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'shard_3.photos'::regclass AND indisreplident)"
+                         " FROM pg_class WHERE oid = 'shard_3.photos'::regclass").fetchone() == ("i", "shard_3.photos_pkey")
     assert sorted(leftovers({"source": source, **two.databases})) == [f"source: publication {done.plan.slot(n)}" for n in ("db1", "db2")]
     _owner_runs(source, _owner_sql(two, reader, tmp_path, "--rollback"), tmp_path)
     assert leftovers({"source": source, **two.databases}) == []
     with psycopg.connect(source, autocommit=True) as c:
-        assert c.execute("SELECT relreplident FROM pg_class WHERE oid = 'public.photos'::regclass").fetchone() == ("d",)
+        assert c.execute("SELECT relreplident FROM pg_class WHERE oid = 'public.photos'::regclass").fetchone() == ("i",)
         with pytest.raises(psycopg.errors.ReadOnlySqlTransaction, match=r"public\.photos was imported"):
             c.execute("DELETE FROM photos")
 
 
 def test_a_prepared_import_waits_for_writers_rolls_back_and_the_owner_takes_it_back(source: str, two: Config, reader: str,  # noqa: F811
                                                                                       tmp_path: Path) -> None:
+    path = _config_file(two, tmp_path)
+    result = CliRunner().invoke(main, ["--config", path, "import", reader, "--owner-sql", "--rollback"])
+    assert result.exit_code == 1 and "the source was not prepared for an import of schema public" in result.output, result.output
     _prepare(two, source, reader, tmp_path)
+    with psycopg.connect(source, autocommit=True) as c:
+        c.execute("CREATE SCHEMA s2; CREATE TABLE s2.t (user_id bigint PRIMARY KEY); ALTER TABLE logs ENABLE ROW LEVEL SECURITY")
+    result = CliRunner().invoke(main, ["--config", path, "import", reader, "--key", "user_id", "--schema", "s2", "--owner-sql"])
+    assert result.exit_code == 1 and "the source is prepared for an import of schema public, not s2" in result.output, result.output
+    with pytest.raises(PgidgenError, match=r"table public\.logs has row-level security, and the import's role does not bypass it"):
+        plan_import(two, reader, schema="public", key="user_id", skip=["countries"])  # it would copy no row of it
+    with psycopg.connect(source, autocommit=True) as c:
+        c.execute("ALTER TABLE logs DISABLE ROW LEVEL SECURITY")
     with pytest.raises(PgidgenError, match="the source was prepared for another import of schema public"):
         plan_import(two, reader, schema="public", key="user_id", skip=["countries", "logs"])  # not what the owner prepared
     assert start_import(two, reader, schema="public", key="user_id", skip=["countries"], follow=True).step == "copied"
@@ -111,7 +125,7 @@ def test_a_prepared_import_waits_for_writers_rolls_back_and_the_owner_takes_it_b
     finally:
         app.rollback()
         app.close()
-    result = CliRunner().invoke(main, ["--config", _config_file(two, tmp_path), "import", reader, "--rollback"])
+    result = CliRunner().invoke(main, ["--config", path, "import", reader, "--rollback"])
     assert result.exit_code == 0, result.output
     assert "the tables' owner may take its preparation back" in result.output
     with psycopg.connect(source, autocommit=True) as c:  # the gate open again, nothing of the import's left but the owner's

@@ -26,7 +26,7 @@ from ..config import Config
 from ..db import connect, execute_script, pg_message, tool_args
 from ..ddl.apply import apply_ddl
 from ..ddl.dumpfile import parse_dump
-from ..errors import ConflictError, DatabaseError, InputError
+from ..errors import ConflictError, DatabaseError, InputError, PgidgenError
 from ..idgen import schema_name
 from ..lockwait import LockPolicy, with_lock_retries
 from . import ahead, prepared, settle, sqltext
@@ -308,10 +308,10 @@ def _freeze(config: Config, dsn: str, src: psycopg.Connection[Any], plan: Import
     result.ahead = rounds
     result.sequences_ahead = _sequences_ahead(config, src, plan, before)
     at("frozen:ahead")
-    _stop_writes(config, src, plan, result, policy)
+    _stop_writes(config, dsn, src, plan, result, policy)
 
 
-def _stop_writes(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult, policy: LockPolicy | None) -> None:
+def _stop_writes(config: Config, dsn: str, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult, policy: LockPolicy | None) -> None:
     token = uuid.uuid4().hex
     where_to = f"{plan.shard_count} shards on {', '.join(plan.targets)}"
 
@@ -328,7 +328,12 @@ def _stop_writes(config: Config, src: psycopg.Connection[Any], plan: ImportPlan,
             execute_script(conn, sqltext.freeze_sql(plan, token, where_to))
         _record(conn, plan, "frozen")
 
-    with_lock_retries(src, work, schemas=[plan.schema], policy=policy or LockPolicy(wait=60), where="the source")
+    try:
+        with_lock_retries(src, work, schemas=[plan.schema], policy=policy or LockPolicy(wait=60), where="the source")
+    except BaseException:
+        if plan.prepared:  # the gate's setval is not undone with its transaction: opened again unless the freeze committed
+            _reopen_gate(dsn, plan)
+        raise
     result.pause_s = time.monotonic()
     conns = {n: connect(n, config.dsn(n), autocommit=True) for n in plan.targets}
     try:
@@ -342,6 +347,16 @@ def _stop_writes(config: Config, src: psycopg.Connection[Any], plan: ImportPlan,
     finally:
         for c in conns.values():
             c.close()
+
+
+def _reopen_gate(dsn: str, plan: ImportPlan) -> None:
+    try:
+        with _source(dsn) as conn, conn.transaction():
+            found = _journal(conn, plan.schema)
+            if found is not None and STEPS.index(found[0]) < STEPS.index("frozen"):
+                execute_script(conn, prepared.open_sql())
+    except (PgidgenError, psycopg.Error):
+        pass  # the error being raised says what to do; --resume or --rollback set the gate right
 
 
 def _verify(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult) -> None:

@@ -31,8 +31,9 @@ from . import sqltext
 from .source import WORK_SCHEMA, ImportPlan
 
 TRIGGER = "pgidgen_gate"
-#: the advisory lock's first key: 'pgid' (the second is the imported schema's CRC)
-LOCK_CLASS = 0x70676964
+#: the advisory lock's first key: 'pgim', not pgidgen's own class (idgen.LOCK_CLASS), so that the second (the
+#: imported schema's CRC) never meets a shard's lock on a source that is a pgidgen database too
+LOCK_CLASS = 0x7067696D
 
 
 def _q(*parts: str) -> str:
@@ -57,14 +58,40 @@ def _tables(plan: ImportPlan) -> list[str]:
     return [_q(plan.schema, t.name) for t in plan.tables]
 
 
+def _shown(name: str) -> str:
+    """A name in an SQL comment: quoted, on one line (a newline in it would end the comment)."""
+    return _q(name).replace("\n", "\\n").replace("\r", "\\r")
+
+
+def _each_relation(plan: ImportPlan, body: str) -> str:
+    """A DO block running body (a format() string, %s the relation) for every imported table and its partitions:
+    a statement trigger on a partitioned table does not fire for writes made to a partition, and pg_dump locks
+    each partition it dumps."""
+    rels = f"pg_catalog.unnest(ARRAY[{', '.join(_lit(t) for t in _tables(plan))}]::pg_catalog.regclass[]) AS p (rel)"
+    return (f"DO $pgidgen$ DECLARE r pg_catalog.regclass; BEGIN\n"  # pg_partition_tree has no row for a plain table
+            f"    FOR r IN SELECT p.rel FROM {rels} UNION SELECT t.relid FROM {rels}, LATERAL pg_catalog.pg_partition_tree(p.rel) AS t LOOP\n"
+            f"        EXECUTE pg_catalog.format({_lit(body)}, r);\n    END LOOP;\nEND $pgidgen$;")
+
+
+def _leftovers(plan: ImportPlan) -> str:
+    """A DO block dropping every gate trigger in the schema and every publication of an import from this source:
+    a preparation made again, for other tables or another shard map, leaves none of the last one's behind."""
+    return (f"DO $pgidgen$ DECLARE r record; BEGIN\n"
+            f"    FOR r IN SELECT t.tgrelid::pg_catalog.regclass AS rel FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid"
+            f" WHERE t.tgname = {_lit(TRIGGER)} AND c.relnamespace = {_lit(_q(plan.schema))}::pg_catalog.regnamespace LOOP\n"
+            f"        EXECUTE pg_catalog.format('DROP TRIGGER {TRIGGER} ON %s', r.rel);\n    END LOOP;\n"
+            f"    FOR r IN SELECT pubname FROM pg_catalog.pg_publication WHERE pubname LIKE {_lit(f'pgidgen_import_{plan.source_oid}_%')} LOOP\n"
+            f"        EXECUTE pg_catalog.format('DROP PUBLICATION %I', r.pubname);\n    END LOOP;\nEND $pgidgen$;")
+
+
 def undo_sql(plan: ImportPlan, *, cut_over: bool) -> str:
     """The owner's SQL that takes the preparation back: before an import (or after its rollback) all of it; after
     its cutover only the publications and the replica identities (the gate stays shut: writes keep failing)."""
-    out = [f"DROP PUBLICATION IF EXISTS {_q(plan.slot(n))};" for n in plan.targets]
+    if cut_over:  # the gate's triggers stay
+        out = [f"DROP PUBLICATION IF EXISTS {_q(plan.slot(n))};" for n in plan.targets]
+    else:
+        out = [_leftovers(plan), f"DROP SCHEMA IF EXISTS {_q(WORK_SCHEMA)} CASCADE;"]
     out += [f"ALTER TABLE {rel} REPLICA IDENTITY {clause};" for rel, clause in plan.full_identity.items()]
-    if not cut_over:
-        out += [f"DROP TRIGGER IF EXISTS {TRIGGER} ON {t};" for t in _tables(plan)]
-        out.append(f"DROP SCHEMA IF EXISTS {_q(WORK_SCHEMA)} CASCADE;")
     return "\n".join(out) + "\n"
 
 
@@ -76,12 +103,10 @@ def owner_sql(plan: ImportPlan, role: str) -> str:
     where_to = f"{plan.shard_count} shards on {', '.join(plan.targets)}"
     rest = f" was imported into pgidgen's shards ({where_to}; shard = {plan.key} % {plan.shard_count}): write through the Router, not to this table"
     message = "%I.%I" + rest.replace("%", "%%")
-    tables = _tables(plan)
-    sequences = [_q(plan.schema, s) for s in plan.sequences]
     out = [
-        f"-- pgidgen import of schema {plan.schema}: the source's preparation, for its tables' owner to run once (one transaction):",
+        f"-- pgidgen import of schema {_shown(plan.schema)}: the source's preparation, for its tables' owner to run once (one transaction):",
         "--   psql \"$OWNER_DSN\" -v ON_ERROR_STOP=1 -f THIS_FILE",
-        f"-- then pgidgen import runs as {role} (REPLICATION, and SELECT on these tables). Writes to the tables pass a gate from now on.",
+        f"-- then pgidgen import runs as {_shown(role)} (REPLICATION, and SELECT on these tables). Writes to the tables pass a gate from now on.",
         "BEGIN;",
         f"CREATE SCHEMA IF NOT EXISTS {w};",
         f"CREATE TABLE IF NOT EXISTS {w}.journal (schema_name text PRIMARY KEY, step text NOT NULL, plan jsonb NOT NULL, dump text,"
@@ -97,15 +122,14 @@ def owner_sql(plan: ImportPlan, role: str) -> str:
         f"    END IF;\n    RETURN NULL;\nEND\n$body$;",
         f"REVOKE ALL ON FUNCTION {w}.gate() FROM PUBLIC;",
     ]
-    out += [f"CREATE OR REPLACE TRIGGER {TRIGGER} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON {t} FOR EACH STATEMENT EXECUTE FUNCTION {w}.gate();"
-            for t in tables]
+    out.append(_leftovers(plan))
+    out.append(_each_relation(plan, f"CREATE TRIGGER {TRIGGER} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION {w}.gate()"))
     out += sqltext.identity_full_sql(plan).splitlines()
-    out += [f"DROP PUBLICATION IF EXISTS {_q(plan.slot(n))};" for n in plan.targets]
     out += publications_sql(plan).splitlines()
     out += [
         f"GRANT USAGE ON SCHEMA {_q(plan.schema)}, {w} TO {r};",
-        f"GRANT SELECT ON {', '.join(tables)} TO {r};",
-        *([f"GRANT SELECT ON SEQUENCE {', '.join(sequences)} TO {r};"] if sequences else []),
+        _each_relation(plan, f"GRANT SELECT ON %s TO {r}"),
+        f"GRANT SELECT ON ALL SEQUENCES IN SCHEMA {_q(plan.schema)} TO {r};",
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON {w}.journal, {w}.heartbeat TO {r};",
         f"GRANT SELECT ON {w}.prepared TO {r};",
         f"GRANT SELECT, UPDATE ON SEQUENCE {w}.gate TO {r};",
@@ -119,9 +143,13 @@ def owner_sql(plan: ImportPlan, role: str) -> str:
 
 
 def check(conn: psycopg.Connection[Any], plan: ImportPlan) -> None:
-    """Before anything is written: the preparation made for this plan (the same targets, shards, tables and key)."""
-    row = conn.execute(sql.SQL("SELECT publications FROM {} WHERE schema_name = %s").format(sql.Identifier(WORK_SCHEMA, "prepared")),
-                       (plan.schema,)).fetchone()
+    """Before anything is written: the preparation made for this plan (the same targets, shards, tables and key),
+    and for this role."""
+    row = conn.execute(sql.SQL("SELECT publications, role, role = current_user FROM {} WHERE schema_name = %s").format(
+        sql.Identifier(WORK_SCHEMA, "prepared")), (plan.schema,)).fetchone()
+    if row is not None and not row[2]:
+        raise ConflictError(f"the source was prepared for an import by role {row[1]}, not this one", where="the source",
+                            hint="connect as that role, or have the owner run the SQL pgidgen import --owner-sql prints as this one")
     if row is None or row[0] != publications_sql(plan):
         raise ConflictError(f"the source was prepared for another import of schema {plan.schema} (its tables, key or shard map differ)",
                             where="the source", hint="have the tables' owner run the SQL pgidgen import --owner-sql prints now, then import again")
@@ -132,8 +160,9 @@ def undo_for(conn: psycopg.Connection[Any], schema: str, step: str | None) -> st
     if step is not None and step != "done":
         raise ConflictError(f"an import of schema {schema} is under way", where="the source",
                             hint="roll it back first (pgidgen import --rollback), or finish it (--resume)")
+    made = conn.execute("SELECT pg_catalog.to_regclass(%s)", (f"{WORK_SCHEMA}.prepared",)).fetchone() != (None,)
     row = conn.execute(sql.SQL("SELECT undo, undo_cut_over FROM {} WHERE schema_name = %s").format(sql.Identifier(WORK_SCHEMA, "prepared")),
-                       (schema,)).fetchone()
+                       (schema,)).fetchone() if made else None
     if row is None:
         raise InputError(f"the source was not prepared for an import of schema {schema}", where="the source", hint="there is nothing to undo")
     return str(row[1] if step is not None else row[0])
@@ -146,17 +175,24 @@ def close_sql(plan: ImportPlan) -> tuple[str, str]:
             f"SELECT pg_catalog.setval({_lit(_q(WORK_SCHEMA, 'gate'))}, 1);")
 
 
+def open_sql() -> str:
+    return f"SELECT pg_catalog.setval({_lit(_q(WORK_SCHEMA, 'gate'))}, 0);\n"
+
+
 def forget_sql(schema: str) -> str:
     """A rollback's, on a prepared source: the gate open, the journal and heartbeats gone (the owner's objects stay)."""
     w = _q(WORK_SCHEMA)
-    return (f"SELECT pg_catalog.setval({_lit(_q(WORK_SCHEMA, 'gate'))}, 0);\n"
-            f"DELETE FROM {w}.journal WHERE schema_name = {_lit(schema)};\nDELETE FROM {w}.heartbeat;\n")
+    return (open_sql() + f"DELETE FROM {w}.journal WHERE schema_name = {_lit(schema)};\nDELETE FROM {w}.heartbeat;\n")
 
 
 def strip_dump(text: str, plan: ImportPlan) -> str:
     """The source's dump without what the preparation added to its tables: the gate's triggers, and the replica
-    identity FULL it set (the shards' tables keep the source's own)."""
+    identity FULL it set; the shards' tables get the source's own back at the end (a USING INDEX one after its
+    index is made: pg_dump writes it there, and wrote none, the identity being FULL)."""
     text = re.sub(rf"^CREATE TRIGGER {TRIGGER} .*\n", "", text, flags=re.M)
-    for rel in plan.full_identity:
+    own = []
+    for rel, clause in plan.full_identity.items():
         text = re.sub(rf"^ALTER TABLE ONLY {re.escape(rel)} REPLICA IDENTITY FULL;\n", "", text, flags=re.M)
-    return text
+        if clause != "DEFAULT":
+            own.append(f"ALTER TABLE ONLY {rel} REPLICA IDENTITY {clause};\n")
+    return text + "".join(own)

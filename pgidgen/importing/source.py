@@ -117,7 +117,8 @@ SELECT c.relname, c.relkind, c.relreplident,
        (SELECT pg_catalog.array_agg(a.attname::text) FROM pg_catalog.pg_index i
           JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
          WHERE i.indrelid = c.oid AND (i.indisprimary AND c.relreplident = 'd' OR i.indisreplident AND c.relreplident = 'i')),
-       pg_catalog.pg_has_role(c.relowner, 'USAGE'), greatest(c.reltuples, 0)::bigint, pg_catalog.pg_table_size(c.oid)
+       pg_catalog.pg_has_role(c.relowner, 'USAGE'), greatest(c.reltuples, 0)::bigint, pg_catalog.pg_table_size(c.oid),
+       c.relrowsecurity, c.relforcerowsecurity
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p') AND NOT c.relispartition
 ORDER BY c.relname
@@ -145,7 +146,10 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
     routes = key_of or {}
     prepared = prepared_identity(source, schema)
     _check_server(source, own_schema=prepared is None and not owner_sql)
+    if prepared is not None or owner_sql:
+        _check_prepared_for(source, schema, owner_sql=owner_sql)
     rows = source.execute(_TABLES_SQL, {"schema": schema, "key": key}).fetchall()
+    bypass = source.execute("SELECT rolsuper OR rolbypassrls FROM pg_catalog.pg_roles WHERE rolname = current_user").fetchone()
     if not rows:
         raise InputError(f"schema {schema} of the source has no tables", hint="name the schema the application's tables live in (--schema)")
     names = {r[0] for r in rows}
@@ -156,7 +160,7 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
                        read_rows=not owner_sql)
     tables: list[TablePlan] = []
     full_identity: dict[str, str] = {}
-    for name, _kind, ident, typ, ident_cols, owns, est, size in rows:
+    for name, _kind, ident, typ, ident_cols, owns, est, size, rls, force_rls in rows:
         if name in skip:
             continue
         where = f"{schema}.{name}"
@@ -172,12 +176,16 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
             raise DatabaseError(f"the source's role does not own {where}", where="the source",
                                 hint="a publication needs the tables' owner: connect as the role that owns them, or have it run"
                                      " the SQL pgidgen import --owner-sql prints (then REPLICATION and SELECT suffice)")
+        if rls and not (bypass and bypass[0]) and (force_rls or not owns):
+            raise DatabaseError(f"table {where} has row-level security, and the import's role does not bypass it", where="the source",
+                                hint=f"it would copy only the rows the policies show it: ALTER ROLE <it> BYPASSRLS (as a superuser), or (as the owner)"
+                                     f" CREATE POLICY pgidgen_import ON {where} FOR SELECT TO <it> USING (true) and ALTER TABLE {where} NO FORCE ROW LEVEL SECURITY")
         if name in routes:
             k = routes[name]
             tables.append(TablePlan(name, False, int(est), int(size), k.column, k.parent, k.parent_column, pks[name]))
             continue
         tables.append(TablePlan(name, True, int(est), int(size)))
-        if ident != "f" and key not in (ident_cols or []) and prepared is None:
+        if ident != "f" and key not in (ident_cols or []):
             for rel, clause in source.execute(_IDENTITIES_SQL, {"rel": sql.Identifier(schema, name).as_string(source)}).fetchall():
                 full_identity[str(rel)] = str(clause)
     for t in tables if not owner_sql else []:  # the rows are read when the import starts (the role may not read them yet)
@@ -196,8 +204,12 @@ def inspect(config: Config, source: psycopg.Connection[Any], *, schema: str, key
     if not m.ok or m.shard_count is None:
         raise ConfigError("the shard map is not whole: " + "; ".join(m.problems + list(m.unreachable.values())), hint="run pgidgen status, fix it, then import")
     targets = {n: sorted(s) for n, s in sorted(m.databases.items()) if s}
+    if prepared is not None and not owner_sql and full_identity:
+        raise ConflictError(f"the owner's preparation left {next(iter(full_identity))}'s replica identity without the key",
+                            where="the source", hint="have the tables' owner run the SQL pgidgen import --owner-sql prints now, then import again")
     plan = ImportPlan(schema, key, m.shard_count, int(oid[0]), tables, targets, sorted(skip), sequences, follow=follow, ids=ids,
-                      full_identity=full_identity if prepared is None else prepared, prepared=prepared is not None and not owner_sql)
+                      # a preparation made again keeps the identities the first one changed, as they were
+                      full_identity={**(prepared or {}), **full_identity}, prepared=prepared is not None and not owner_sql)
     if ids is not None:
         _plan_ids(config, source, plan, prove_now=not owner_sql)
     plan.make_schema = [n for n in targets if _check_target(config, n, plan)]
@@ -224,6 +236,24 @@ def prepared_identity(source: psycopg.Connection[Any], schema: str) -> dict[str,
     row = source.execute(sql.SQL("SELECT full_identity FROM {} WHERE schema_name = %s").format(sql.Identifier(WORK_SCHEMA, "prepared")),
                          (schema,)).fetchone()
     return None if row is None else {str(k): str(v) for k, v in row[0].items()}
+
+
+def _check_prepared_for(source: psycopg.Connection[Any], schema: str, *, owner_sql: bool) -> None:
+    """One schema at a time: the gate, journal and heartbeat a preparation makes serve one import. --owner-sql
+    reads the tables' catalog entries by name, through the schema."""
+    for table in ("prepared", "journal"):
+        if source.execute("SELECT pg_catalog.to_regclass(%s)", (f"{WORK_SCHEMA}.{table}",)).fetchone() == (None,):
+            continue
+        other = source.execute(sql.SQL("SELECT schema_name FROM {} WHERE schema_name <> %s LIMIT 1").format(sql.Identifier(WORK_SCHEMA, table)),
+                               (schema,)).fetchone()
+        if other is not None:
+            raise ConflictError(f"the source is prepared for an import of schema {other[0]}, not {schema}", where="the source",
+                                hint=f"one schema at a time: finish or roll back that import, and have the owner take its preparation back"
+                                     f" (pgidgen import --owner-sql --rollback --schema {other[0]})")
+    row = source.execute("SELECT pg_catalog.has_schema_privilege(oid, 'USAGE') FROM pg_catalog.pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+    if owner_sql and row is not None and not row[0]:
+        raise DatabaseError(f"the source's role has no USAGE on schema {schema}", where="the source",
+                            hint=f"GRANT USAGE ON SCHEMA {schema} TO <it> (as the owner; its preparation grants it too), then --owner-sql again")
 
 
 def _check_server(source: psycopg.Connection[Any], *, own_schema: bool) -> None:
