@@ -107,7 +107,10 @@ def owner_sql(plan: ImportPlan, role: str) -> str:
         f"-- pgidgen import of schema {_shown(plan.schema)}: the source's preparation, for its tables' owner to run once (one transaction):",
         "--   psql \"$OWNER_DSN\" -v ON_ERROR_STOP=1 -f THIS_FILE",
         f"-- then pgidgen import runs as {_shown(role)} (REPLICATION, and SELECT on these tables). Writes to the tables pass a gate from now on.",
+        "-- Each table's lock is waited for at most 2 s (the application is never queued behind this script): should it stop",
+        "-- on a lock timeout, nothing is changed; run it again.",
         "BEGIN;",
+        "SET LOCAL lock_timeout = '2s';",
         f"CREATE SCHEMA IF NOT EXISTS {w};",
         f"CREATE TABLE IF NOT EXISTS {w}.journal (schema_name text PRIMARY KEY, step text NOT NULL, plan jsonb NOT NULL, dump text,"
         " started_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz NOT NULL DEFAULT now());",
