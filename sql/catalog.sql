@@ -160,8 +160,8 @@ $$;
 -- waits for every write that claimed them and none claims them while it is open. move-shard's cutover holds these
 -- locks already (this costs it nothing); a change by hand gets the same order, TRUNCATE included. (Triggers off,
 -- as with session_replication_role = replica, would skip this and map_changed: don't edit the map that way.) One
--- statement-level query over the transition rows, not a call per row, for an UPDATE of many rows by hand; a batch
--- cutover retires its shards one UPDATE each (retire_sql), some 5 us more each (1000 shards: 5 ms of the pause).
+-- statement-level query over the transition rows, not a call per row, for an UPDATE of many rows: a batch's cutover
+-- retires its shards in one UPDATE (retire_many_sql), and its activate makes them active in one.
 CREATE OR REPLACE FUNCTION pgidgen.claim_fence() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN

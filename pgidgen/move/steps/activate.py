@@ -48,9 +48,8 @@ class ActivateStep(MoverBase):
         t_activate = time.perf_counter()
         with self.tgt.transaction():
             execute_script(self.tgt, ledger)
-            execute_script(self.tgt, "".join(
-                q.activate_sql(c.shard, c.schema, last_id=last_ids[c.shard], ahead_ms=ahead, sequences=seqs.get(c.shard, []),
-                               subscription=sub if c is self.ctxs[-1] else None) for c in self.ctxs))
+            execute_script(self.tgt, q.activate_many_sql(
+                [q.Activating(c.shard, c.schema, last_ids[c.shard], seqs.get(c.shard, [])) for c in self.ctxs], ahead_ms=ahead, subscription=sub))
         started = getattr(self, "pause_started", None)
         if self.snapshot is not None and self.verification is None and self.checking is None:
             self._start_checking(self.snapshot)
@@ -74,23 +73,25 @@ class ActivateStep(MoverBase):
 
     def _generators_and_sequences(self, schemas: dict[int, str]) -> tuple[dict[int, int], dict[int, list[q.SeqValue]]]:
         """In the pause, after the source's flip: each shard's last ID (its generator's counter and offset, as
-        pgidgen.last_id reads them) and its own sequences (serial, identity, ...) as they stand, in two statements
-        for the batch: the sequences' names through pg_depend's index (each depends on its schema; pg_class has
-        no index on the schema, and a pass over it took 50 ms at 8192 shards), then every value in one read.
-        last_value and is_called come from each sequence itself (pg_sequences shows NULL for one not yet called,
-        as after ALTER SEQUENCE ... RESTART, and for one the reader may not see; carrying its start value instead
-        would hand values out again)."""
+        pgidgen.last_id reads them) and its own sequences (serial, identity, ...) as they stand, in one statement
+        for the batch (SEQUENCE_VALUES_SQL: the names through pg_depend's index, each value through
+        pg_sequence_last_value, one plan for them all; a UNION ALL of a SELECT per sequence planned each of them,
+        1 ms a shard on a connection new to them), and a second only for those it shows NULL: not yet called (as
+        after ALTER SEQUENCE ... RESTART), whose last_value and is_called come from the sequence itself (carrying
+        its start value instead would hand values out again). warm_sequences ran the first before the pause."""
         shard_of = {schema: shard for shard, schema in schemas.items()}
-        names = [(str(r[0]), str(r[1])) for r in self.admin.execute(q.SEQUENCES_OF_SQL, (list(schemas.values()),))]
-        reads = [f"SELECT {q.literal(s)}, {q.literal(n)}, last_value, is_called FROM {q.ident(s, n)}" for s, n in names]
-        found = set(names)
+        rows = self.admin.execute(q.SEQUENCE_VALUES_SQL, (list(schemas.values()),)).fetchall()
+        found = {(str(r[0]), str(r[1])) for r in rows}
         missing = [f"{s}.{n}" for s in schemas.values() for n in q.GENERATOR_SEQUENCES if (s, n) not in found]
         if missing:
             raise MoveError(f"the source copy lost its ID generator's sequence {missing[0]}", where=self.ctx.source,
                             hint=f"nothing serves these shards until the move activates: put that sequence back under its name with its value, then --resume {self.ctx.shard}")
-        values: dict[tuple[str, str], tuple[int, bool]] = {}
-        for r in self.admin.execute(" UNION ALL ".join(reads)):
-            values[(str(r[0]), str(r[1]))] = (int(r[2]), bool(r[3]))
+        values: dict[tuple[str, str], tuple[int, bool]] = {(str(r[0]), str(r[1])): (int(r[2]), True) for r in rows if r[2] is not None}
+        reads = [f"SELECT {q.literal(str(r[0]))}, {q.literal(str(r[1]))}, last_value, is_called FROM {q.ident(str(r[0]), str(r[1]))}"
+                 for r in rows if r[2] is None]
+        if reads:
+            for r in self.admin.execute(" UNION ALL ".join(reads)):
+                values[(str(r[0]), str(r[1]))] = (int(r[2]), bool(r[3]))
         layout = self.ctx.layout
         last_ids = {shard: layout.last_id(shard, values[(s, "pgidgen_counter")][0], values[(s, "pgidgen_offset")][0]) for shard, s in schemas.items()}
         out: dict[int, list[q.SeqValue]] = {}

@@ -138,6 +138,9 @@ class CutoverSteps(MoverBase):
             src.rollback()
         if self.ledger_sql is None:
             self.ledger_sql = self._ledger()
+        # the pause reads every sequence of the batch on this connection after the flip (activate): opening them
+        # here first leaves it only their values to read there (1 ms a shard on a connection new to them)
+        self.admin.execute(q.SEQUENCE_VALUES_SQL, (schemas,)).fetchall()
         committed = False
         try:
             t_start = time.perf_counter()
@@ -204,7 +207,7 @@ class CutoverSteps(MoverBase):
                     )
                 self.verification = v
             t_caught = time.perf_counter()
-            execute_script(src, "".join(q.retire_sql(c.shard, c.schema, retired[c.shard], guarded[c.shard], self.ctx.target) for c in self.ctxs))
+            execute_script(src, q.retire_many_sql([q.Retiring(c.shard, c.schema, retired[c.shard], guarded[c.shard]) for c in self.ctxs], self.ctx.target))
             self.pause_started = t_start  # a COMMIT lost with its connection may have begun the flip (steps/ride.py)
             src.commit()
             committed = True
