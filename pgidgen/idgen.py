@@ -66,8 +66,9 @@ def schema_name(shard: int) -> str:
 #: the layout (negative, or wider than its fields) instead of masking it into another ID's fields; 7: pgidgen.claim
 #: remembers a shard it found served until pgidgen.map_version moves, and claim_fence makes a change that takes a
 #: shard out of service take its claim lock (what keeps that true); 8: pgidgen.shard_for_key, the Router's
-#: key -> shard rule in SQL; 9: pgidgen.next_id_of and pgidgen.locked_next_id, the shared generator's functions.
-CATALOG_REVISION = 9
+#: key -> shard rule in SQL; 9: pgidgen.next_id_of and pgidgen.locked_next_id, the shared generator's functions;
+#: 10: pgidgen.advance_generators, a batch's generators in one call (a move's activate).
+CATALOG_REVISION = 10
 #: The installed catalog's revision, as a SQL expression (1 when the comment is missing).
 CATALOG_REVISION_SQL = ("coalesce(substring(obj_description(to_regprocedure('pgidgen.min_id(timestamptz)'), 'pg_proc')"
                         " FROM 'revision ([0-9]+)')::int, 1)")

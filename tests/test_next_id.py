@@ -195,6 +195,26 @@ def test_last_id_and_advance_generator(dsn: str) -> None:
         assert conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()[0] == 0
 
 
+def test_advance_generators_moves_many_shards_at_once_and_holds_their_locks_to_commit(dsn: str) -> None:
+    """A move's activate advances its batch's generators in one call: each shard past its own ID (one a reset
+    offset, whose pg_sequence_last_value is NULL), the locks held until the transaction ends; the arrays must match."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT shard_1.next_id() FROM generate_series(1, 10)")
+        conn.execute("SELECT setval('shard_2.pgidgen_offset', 0, false)")  # reset: is_called false
+        ahead = {s: conn.execute("SELECT pgidgen.min_id(clock_timestamp() + interval '1 hour') + %s", (s * 1000,)).fetchone()[0] | (s << SEQ_BITS)
+                 for s in (1, 2)}
+        with conn.transaction():
+            conn.execute("SELECT pgidgen.advance_generators(%s::int[], %s::bigint[])", ([2, 1], [ahead[2], ahead[1]]))
+            assert conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").fetchone()[0] == 2
+        assert conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()[0] == 0
+        for s in (1, 2):
+            assert conn.execute(f"SELECT shard_{s}.next_id()").fetchone()[0] > ahead[s], s
+        with pytest.raises(errors.InvalidParameterValue, match="2 shards and 1 IDs"):
+            conn.execute("SELECT pgidgen.advance_generators('{1,2}'::int[], '{1}'::bigint[])")
+        with pytest.raises(errors.NoDataFound, match="shard 99 is not in this database"):
+            conn.execute("SELECT pgidgen.advance_generators('{1,99}'::int[], '{1,1}'::bigint[])")
+
+
 def test_the_python_twin_of_last_id_agrees_with_it(dsn: str) -> None:
     """Layout.last_id (a move's pause reads a batch's generator sequences in one statement) gives pgidgen.last_id's
     answer: a fresh shard, one that handed out IDs, one moved an hour ahead, one whose offset is past the layout's end."""

@@ -333,8 +333,8 @@ def activate_many_sql(shards: Sequence[Activating], *, ahead_ms: int | str, subs
         lines.append(f"UPDATE pgidgen.shards SET state = 'active', updated_at = now() WHERE shard = {a.shard} AND state = 'incoming';")
     elif shards:
         ordered = sorted(shards, key=lambda a: a.shard)
-        values = ", ".join(f"({a.shard}, {a.last_id}::bigint)" for a in ordered)
-        lines.append(f"SELECT pgidgen.advance_generator(v.shard, greatest(v.last_id, {ahead})) FROM (VALUES {values}) AS v(shard, last_id) ORDER BY v.shard;")
+        lines.append(f"SELECT pgidgen.advance_generators('{{{','.join(str(a.shard) for a in ordered)}}}'::pg_catalog.int4[],"
+                     f" ARRAY[{', '.join(f'greatest({a.last_id}::bigint, {ahead})' for a in ordered)}]);")
         lines.append(f"UPDATE pgidgen.shards SET state = 'active', updated_at = now()"
                      f" WHERE shard = ANY('{{{','.join(str(a.shard) for a in ordered)}}}'::pg_catalog.int4[]) AND state = 'incoming';")
     if subscription:
