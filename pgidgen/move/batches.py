@@ -1,7 +1,7 @@
 """How a set of shards is cut into batches, each moved with one replication stream and one cutover.
 
 A batch's write pause is its cutover's work: the freeze locks every table of the batch, retires each shard's
-copy on the source (a schema renamed, a trigger per table) and activates each on the target (generator,
+copy on the source (a schema renamed; its write guards come after the flip) and activates each on the target (generator,
 sequences, catalog row). That grows with the shards and tables in it, so a batch is filled while its estimated
 pause stays within a share of --max-pause (the rest is left for the last changes to arrive under the freeze).
 The transactions that create and retire a batch hold a lock per relation of it: a batch also stays within a

@@ -218,25 +218,18 @@ class Retiring:
 
 
 def retire_sql(shard: int, schema: str, retired: str, tables: Sequence[TableRef], target: str) -> str:
-    return retire_many_sql([Retiring(shard, schema, retired, tables)], target)
+    """One shard's retire as the dry run prints it: the pause's part, then the guards made after it."""
+    one = [Retiring(shard, schema, retired, tables)]
+    return retire_many_sql(one) + "-- after the flip, while the target activates:\n" + guard_sql(one, target)
 
 
-def retire_many_sql(shards: Sequence[Retiring], target: str) -> str:
-    """Rename each source copy (late writers by name get 'does not exist'), guard its tables with an always-on
-    trigger (writers with cached plans or the new name get a loud error; partitioned parents get one too, as a
-    statement trigger on a partition does not fire for rows routed through its parent), then retire the batch's
-    catalog rows in one UPDATE: the catalog's statement triggers (map_changed, claim_fence) fire once for the
-    batch, not once a shard (0.15-0.2 ms each, in the pause)."""
-    lines: list[str] = []
-    for r in shards:
-        lines.append(f"ALTER SCHEMA {ident(r.schema)} RENAME TO {ident(r.retired)};")
-        for t in r.tables:
-            q = ident(r.retired, t.name)
-            lines.append(
-                f"CREATE TRIGGER pgidgen_retired BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON {q}"
-                f" FOR EACH STATEMENT EXECUTE FUNCTION pgidgen.refuse_write({literal(str(r.shard))}, {literal(target)});"
-            )
-            lines.append(f"ALTER TABLE {q} ENABLE ALWAYS TRIGGER pgidgen_retired;")
+def retire_many_sql(shards: Sequence[Retiring]) -> str:
+    """The pause's part of the retire: rename each source copy (late writers by name get 'does not exist'; the
+    rename resets every session's cached plans, so a prepared write looks its table up again and fails alike),
+    then the batch's catalog rows in one UPDATE: the catalog's statement triggers (map_changed, claim_fence) fire
+    once for the batch, not once a shard (0.15-0.2 ms each). Routed writers wait on the claim locks the freeze
+    holds and find the shards retired. The write guards come after the flip (guard_sql)."""
+    lines = [f"ALTER SCHEMA {ident(r.schema)} RENAME TO {ident(r.retired)};" for r in shards]
     if len(shards) == 1:
         r = shards[0]
         lines.append(f"UPDATE pgidgen.shards SET state = 'retired', schema_name = {literal(r.retired)}, updated_at = now() WHERE shard = {r.shard};")
@@ -244,6 +237,24 @@ def retire_many_sql(shards: Sequence[Retiring], target: str) -> str:
         values = ", ".join(f"({r.shard}, {literal(r.retired)})" for r in sorted(shards, key=lambda r: r.shard))
         lines.append(f"UPDATE pgidgen.shards s SET state = 'retired', schema_name = v.retired, updated_at = now()"
                      f" FROM (VALUES {values}) AS v(shard, retired) WHERE s.shard = v.shard;")
+    return "\n".join(lines) + "\n"
+
+
+def guard_sql(shards: Sequence[Retiring], target: str) -> str:
+    """The retired copies' write guards, an always-on trigger on each table (partitioned parents too, as a statement
+    trigger on a partition does not fire for rows routed through its parent): a write that still reaches a copy
+    (by its new name, from a replication apply worker that maps tables by oid, or in replica mode) fails loudly.
+    Made after the flip, beside activate, not in the pause (two DDL statements a table: 1 ms a shard of it);
+    CREATE OR REPLACE, so a resumed move makes them again."""
+    lines: list[str] = []
+    for r in shards:
+        for t in r.tables:
+            q = ident(r.retired, t.name)
+            lines.append(
+                f"CREATE OR REPLACE TRIGGER pgidgen_retired BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON {q}"
+                f" FOR EACH STATEMENT EXECUTE FUNCTION pgidgen.refuse_write({literal(str(r.shard))}, {literal(target)});"
+            )
+            lines.append(f"ALTER TABLE {q} ENABLE ALWAYS TRIGGER pgidgen_retired;")
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,26 @@ from .base import MoverBase
 
 class ActivateStep(MoverBase):
     def step_activate(self) -> None:
+        # the retired copies' write guards: begun by the cutover right after its flip, or (a resumed run) now
+        guarding, self.guarding = self.guarding, None
+        if guarding is None:
+            guarding = self._guard_apart(self._retired_now())
+        try:
+            self._activate()
+        finally:
+            guarding.join()
+        guarding.result()
+
+    def _retired_now(self) -> list[q.Retiring]:
+        """The batch's retired copies (by the source's catalog: never a copy that serves) and the tables their guards go on
+        (partitioned parents too)."""
+        schemas = {int(r[0]): str(r[1]) for r in self.admin.execute(
+            "SELECT shard, schema_name FROM pgidgen.shards WHERE shard = ANY(%s) AND state = 'retired'", (self.shards,))}
+        parents = q.partitioned_of(self.admin, list(schemas.values()))
+        return [q.Retiring(c.shard, c.schema, schemas[c.shard], [q.TableRef(c.schema, n) for n in parents[schemas[c.shard]]]
+                           + [q.TableRef(c.schema, t.name) for t in c.tables]) for c in self.ctxs if c.shard in schemas]
+
+    def _activate(self) -> None:
         state = self._target_state()
         if state == "active":
             return

@@ -14,7 +14,7 @@ import psycopg
 
 from ... import redact
 from ...config import Config
-from ...db import connect, own_session
+from ...db import connect, execute_script, own_session
 from ...errors import PgidgenError
 from ...ranges import collapse
 from ...redact import scrub
@@ -305,6 +305,7 @@ class MoverBase:
         self.catalog_ahead: Background[None] | None = None  # the target's catalog, started by step_prepare
         self.ahead: Background[list[psycopg.Connection[Any]]] | None = None
         self.check_src: psycopg.Connection[Any] | None = None
+        self.guarding: Background[None] | None = None  # the retired copies' write guards, made after the flip (activate.py)
         self.report = MoveReport(self.ctx.shard, self.ctx.source, self.ctx.target, self.rec.mode, self.rec.move_id, "running",
                                  shards=[c.shard for c in ctxs])
         self.t0 = time.perf_counter()
@@ -322,6 +323,16 @@ class MoverBase:
             self.pids["tgt"] = self._tgt.info.backend_pid
         return self._tgt
 
+    def _guard_apart(self, retiring: list[q.Retiring]) -> Background[None]:
+        """guard_sql on a source connection of its own, on a thread (made again by a resumed run: CREATE OR REPLACE)."""
+        def run() -> None:
+            if not retiring:
+                return
+            with connect(self.ctx.source, self.config.dsn(self.ctx.source), autocommit=True) as conn, conn.transaction():
+                execute_script(conn, q.guard_sql(retiring, self.ctx.target))
+
+        return Background(run)
+
     def lost_session(self, database: str, pid: int) -> None:
         """A session of this move whose connection was lost: a ride waits for its end (steps/ride.py)."""
         if pid:
@@ -335,6 +346,8 @@ class MoverBase:
             self.checking.join()
         if self.catalog_ahead is not None:
             self.catalog_ahead.join()
+        if self.guarding is not None:
+            self.guarding.join()
         for c in (self._tgt, self.snapshot, self.check_src, *(self._take_ahead() or [])):
             if c is not None and not c.closed:
                 c.close()

@@ -207,7 +207,8 @@ class CutoverSteps(MoverBase):
                     )
                 self.verification = v
             t_caught = time.perf_counter()
-            execute_script(src, q.retire_many_sql([q.Retiring(c.shard, c.schema, retired[c.shard], guarded[c.shard]) for c in self.ctxs], self.ctx.target))
+            retiring = [q.Retiring(c.shard, c.schema, retired[c.shard], guarded[c.shard]) for c in self.ctxs]
+            execute_script(src, q.retire_many_sql(retiring))
             self.pause_started = t_start  # a COMMIT lost with its connection may have begun the flip (steps/ride.py)
             src.commit()
             committed = True
@@ -217,6 +218,7 @@ class CutoverSteps(MoverBase):
             for c in self.ctxs:
                 c.source_schema = retired[c.shard]
             self.pause_started = t_start
+            self.guarding = self._guard_apart(retiring)  # the retired copies' write guards, while the target activates
         finally:
             if src.broken:
                 self.lost_session(self.ctx.source, src_pid)
