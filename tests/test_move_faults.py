@@ -74,6 +74,24 @@ def test_crash_then_rollback_then_crash_then_resume(config: Config, point: str) 
         assert c.execute("INSERT INTO shard_1.t (v) VALUES (0) RETURNING id").fetchone()[0] > source_rows[-1][0]
 
 
+def test_a_retired_copy_without_its_guards_gets_them_on_resume(config: Config) -> None:
+    """The retired copy's write guards are made after the flip, beside activate: a move killed before they
+    committed (here: dropped by hand after a crash at activate) makes them again when resumed."""
+    setup_shards(config, rows=20)
+    with pytest.raises(Crash):
+        move_shard(config, 1, "db3", hook=crash_at("activate"))
+    retired = state_of(config.dsn("db1"), 1)[1]  # type: ignore[index]
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        for t in ("t", "tags"):
+            c.execute(f"DROP TRIGGER pgidgen_retired ON {retired}.{t}")
+    assert resume_move(config, 1).status == "done"
+    with psycopg.connect(config.dsn("db1"), autocommit=True) as c:
+        for t in ("t", "tags"):
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction, match="shard 1 moved to database db3"):
+                c.execute(f"DELETE FROM {retired}.{t}")
+        assert c.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'pgidgen_retired' AND tgenabled = 'A'").fetchone()[0] == 2
+
+
 def test_kill9_while_frozen_then_resume(config: Config, config_file: Path) -> None:
     setup_shards(config, rows=100)
     proc = start_cli(config_file, "1", "db3", stop_at="cutover:frozen")
