@@ -182,6 +182,7 @@ class _Part:
     prints: dict[str, str] = field(default_factory=dict)
     sections: dict[str, SplitScript] | None = None
     error: str = ""
+    started: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -269,6 +270,7 @@ class SchemaCache:
 
     def _read_all(self) -> None:
         for part in self.parts:
+            part.started.set()
             if self._stop.is_set():
                 part.error = "stopped"
             else:
@@ -298,8 +300,9 @@ class SchemaCache:
         part.sections = {s: SplitScript.parse(text, part.schemas) for s, text in scripts.items()}
 
     def take(self, conn: psycopg.Connection[Any], schemas: Sequence[str]) -> CachedDump | None:
-        """The dump of schemas from the cache, if every one is in a part read already (else None: the caller dumps
-        them itself; a batch never waits for the cache). It checks on a thread of its own that they are unchanged
+        """The dump of schemas from the cache, if every one is in a part read already or being read (waited for:
+        pg_dump's read of the whole catalog is most of either's time, and a dump of the batch's own beside the
+        cache's would take CPU from both); else None: the caller dumps them itself. It checks on a thread of its own that they are unchanged
         since, else dumps them afresh (CachedDump)."""
         parts: dict[int, tuple[_Part, set[str]]] = {}
         for s in schemas:
@@ -308,7 +311,10 @@ class SchemaCache:
                 return None
             parts.setdefault(id(part), (part, set()))[1].add(s)
         for part, _ in parts.values():
-            if not part.done.is_set() or part.sections is None:
+            if not part.started.is_set():
+                return None
+            part.done.wait()  # being read: no later than a pg_dump of the batch's own would be (each reads the whole catalog)
+            if part.sections is None:
                 return None
         return CachedDump(self.dsn, sorted(parts.values(), key=lambda p: self.parts.index(p[0])), schemas, encoding=server_encoding(conn))
 
@@ -321,27 +327,24 @@ class SchemaCache:
 
 
 def cache_for(source_dsn: str, batches: Sequence[Batch], lock_budget: int) -> SchemaCache | None:
-    """The cache of a set move cut into batches: the shards of all but the first (that one dumps its own while
-    the cache reads the rest). The runs grow fourfold: the first holds the second batch's shards (read by the time
-    that batch starts: the first batch's own dump is no faster), the next four batches', then sixteen... (each run
-    pays pg_dump's read of the whole catalog, 1.5 s at 8192 shards: doubling made seven runs of 65 batches, and
-    a run of four batches is read in less time than the two before it take to move); a run's tables
-    (pg_dump locks each) take at most half of a batch's share of the lock table (it runs beside a batch).
-    None for a move of one batch."""
+    """The cache of a set move cut into batches: one run of the shards of all but the first (that one dumps its
+    own while the cache reads the rest). Each run pays pg_dump's read of the whole catalog (1.5 s at 8192 shards
+    on an idle server, 6-7 s under a rebalance's load), and dumping more schemas in it costs little more (2018
+    schemas of two tables: 10.6 s): runs growing fourfold made five a stream at 8192 shards, and batches that
+    outgrew them (the pacer doubles batches) dumped their own beside them, 18 pg_dumps in all for two streams.
+    A batch waits for the run being read (take). A run's tables (pg_dump locks each) take at most half of a
+    batch's share of the lock table (it runs beside a batch): on a server of default lock settings the shards
+    are cut into runs that fit, read one after another. None for a move of one batch."""
     if len(batches) < 2:
         return None
-    runs: list[list[str]] = []
-    rest, size = list(batches[1:]), 1
-    while rest:
-        group, rest, size = rest[:size], rest[size:], size * 4
-        runs.append([])
-        locks = 0
-        for b in group:
-            for ctx, cost in zip(b.ctxs, b.costs, strict=True):
-                need = max(1, cost.tables)
-                if runs[-1] and locks + need > max(1, lock_budget // 2):
-                    runs.append([])
-                    locks = 0
-                runs[-1].append(ctx.schema)
-                locks += need
+    runs: list[list[str]] = [[]]
+    locks = 0
+    for b in batches[1:]:
+        for ctx, cost in zip(b.ctxs, b.costs, strict=True):
+            need = max(1, cost.tables)
+            if runs[-1] and locks + need > max(1, lock_budget // 2):
+                runs.append([])
+                locks = 0
+            runs[-1].append(ctx.schema)
+            locks += need
     return SchemaCache(source_dsn, runs)
