@@ -213,6 +213,8 @@ def test_advance_generators_moves_many_shards_at_once_and_holds_their_locks_to_c
             conn.execute("SELECT pgidgen.advance_generators('{1,2}'::int[], '{1}'::bigint[])")
         with pytest.raises(errors.NoDataFound, match="shard 99 is not in this database"):
             conn.execute("SELECT pgidgen.advance_generators('{1,99}'::int[], '{1,1}'::bigint[])")
+        with pytest.raises(errors.NullValueNotAllowed, match="a NULL among the shards or IDs"):
+            conn.execute("SELECT pgidgen.advance_generators('{1,2}'::int[], '{1,NULL}'::bigint[])")
 
 
 def test_the_python_twin_of_last_id_agrees_with_it(dsn: str) -> None:

@@ -116,7 +116,7 @@ def render_plan(
     cut = ("copy the rows (binary COPY streams into the emptied target tables), then the post-data of pg_dump --schema-only, in one target transaction, then verify" if options.offline
            else "write a heartbeat and wait (within --max-pause) until the target has applied it")
     steps += [
-        PlannedStep("cutover", source, f"freeze the shard's writes; {cut}; retire the source copy; one transaction",
+        PlannedStep("cutover", source, f"freeze the shard's writes; {cut}; retire the source copy; one transaction (the write guards after it, beside activate)",
                     freeze + "-- " + cut + "\n" + q.retire_sql(shard, schema, retired, guarded, target),
                     [f"EXCLUSIVE on {len(guarded)} tables of {schema} for at most {ms} ms plus the flip (reads go on, writes wait)"]),
         PlannedStep("activate", target, "carry the DDL-ledger rows, sequences and the generator (last ID from the source, clock skew), go active",

@@ -337,7 +337,7 @@ def activate_many_sql(shards: Sequence[Activating], *, ahead_ms: int | str, subs
     if len(shards) == 1:
         lines = [f"SELECT pg_catalog.setval({literal(name)}, {last}, {str(called).lower()});" for name, last, called in values]
     else:  # one statement for the batch's sequences (a statement each was some 0.1 ms a shard of the pause)
-        rows = ", ".join(f"({literal(name)}, {last}::bigint, {str(called).lower()})" for name, last, called in values)
+        rows = ", ".join(f"({literal(name)}, ({last})::pg_catalog.int8, {str(called).lower()})" for name, last, called in values)
         lines = [f"SELECT pg_catalog.setval(v.seq::pg_catalog.regclass, v.last_value, v.is_called) FROM (VALUES {rows}) AS v(seq, last_value, is_called);"] if values else []
     ahead = f"pgidgen.max_id(clock_timestamp() + interval '{ahead_ms} milliseconds')"
     if len(shards) == 1:

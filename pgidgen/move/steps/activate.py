@@ -39,6 +39,8 @@ class ActivateStep(MoverBase):
         state = self._target_state()
         if state == "active":
             return
+        if self.resumed_step is not None:  # begun by an older pgidgen: its target's catalog may lack advance_generators
+            self._ensure_target_catalog()
         if state != "incoming":
             raise MoveError(f"database {self.ctx.target} lost its copy of {self.what}", hint="see 'pgidgen map' and the journal (pgidgen.move_log)")
         shard = self.ctx.shard
@@ -98,7 +100,8 @@ class ActivateStep(MoverBase):
         pg_sequence_last_value, one plan for them all; a UNION ALL of a SELECT per sequence planned each of them,
         1 ms a shard on a connection new to them), and a second only for those it shows NULL: not yet called (as
         after ALTER SEQUENCE ... RESTART), whose last_value and is_called come from the sequence itself (carrying
-        its start value instead would hand values out again). warm_sequences ran the first before the pause."""
+        its start value instead would hand values out again). The cutover ran the first before the pause (its connection
+        then finds them open)."""
         shard_of = {schema: shard for shard, schema in schemas.items()}
         rows = self.admin.execute(q.SEQUENCE_VALUES_SQL, (list(schemas.values()),)).fetchall()
         found = {(str(r[0]), str(r[1])) for r in rows}
