@@ -346,10 +346,9 @@ def activate_many_sql(shards: Sequence[Activating], *, ahead_ms: int | str, subs
         lines.append(f"UPDATE pgidgen.shards SET state = 'active', updated_at = now() WHERE shard = {a.shard} AND state = 'incoming';")
     elif shards:
         ordered = sorted(shards, key=lambda a: a.shard)
-        lines.append(f"SELECT pgidgen.advance_generators('{{{','.join(str(a.shard) for a in ordered)}}}'::pg_catalog.int4[],"
-                     f" ARRAY[{', '.join(f'greatest({a.last_id}::bigint, {ahead})' for a in ordered)}]);")
-        lines.append(f"UPDATE pgidgen.shards SET state = 'active', updated_at = now()"
-                     f" WHERE shard = ANY('{{{','.join(str(a.shard) for a in ordered)}}}'::pg_catalog.int4[]) AND state = 'incoming';")
+        shard_array = f"'{{{','.join(str(a.shard) for a in ordered)}}}'::pg_catalog.int4[]"
+        lines.append(f"SELECT pgidgen.advance_generators({shard_array}, ARRAY[{', '.join(f'greatest({a.last_id}::bigint, {ahead})' for a in ordered)}]);")
+        lines.append(f"UPDATE pgidgen.shards SET state = 'active', updated_at = now() WHERE shard = ANY({shard_array}) AND state = 'incoming';")
     if subscription:
         lines.append(f"ALTER SUBSCRIPTION {ident(subscription)} DISABLE;")
     return "\n".join(lines) + "\n"
