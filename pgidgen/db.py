@@ -17,7 +17,7 @@ import psycopg
 from .config import describe_dsn, scheme_error
 from .errors import DatabaseError, PgidgenError
 from .redact import scrub
-from .versions import has
+from .versions import OLDEST_SUPPORTED, has
 
 T = TypeVar("T")
 CONNECT_TIMEOUT = 10
@@ -80,11 +80,8 @@ def timeout_for(dsn: str, seconds: int = CONNECT_TIMEOUT) -> dict[str, Any]:
 
 
 def connect(name: str, dsn: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
-    options = _options(dsn)
-    if options is not None:
-        kwargs["options"] = options
     try:
-        conn = psycopg.connect(dsn, autocommit=autocommit, application_name="pgidgen", **{**timeout_for(dsn), **kwargs})
+        conn = _connect(dsn, autocommit=autocommit, **kwargs)
     except psycopg.OperationalError as e:
         raise DatabaseError(
             f"cannot connect to database {name} ({describe_dsn(dsn)}): {pg_message(e)}",
@@ -102,6 +99,22 @@ def connect(name: str, dsn: str, *, autocommit: bool = False, **kwargs: Any) -> 
         conn.close()
         raise translate(name, e, doing="setting up its session") from None
     return conn
+
+
+def _connect(dsn: str, *, autocommit: bool, **kwargs: Any) -> psycopg.Connection[Any]:
+    """idle_session_timeout off from the first moment as well (the session is idle between its login and its
+    first query: a database's 20 ms cut a session off there on a loaded machine); a server older than any pgidgen
+    supports lacks it, and is then asked again without it, so that the version check can say what is wrong."""
+    extra = {**timeout_for(dsn), **kwargs}
+    for version in (OLDEST_SUPPORTED, 0):
+        options = _options(dsn, server_version=version)
+        try:
+            return psycopg.connect(dsn, autocommit=autocommit, application_name="pgidgen",
+                                   **({**extra, "options": options} if options is not None else extra))
+        except psycopg.OperationalError as e:
+            if version == 0 or '"idle_session_timeout"' not in str(e):
+                raise
+    raise AssertionError("unreachable")
 
 
 def server_encoding(conn: psycopg.Connection[Any]) -> str:
@@ -257,7 +270,9 @@ def tool_args(dsn: str) -> tuple[str, dict[str, str]]:
     password = params.pop("password", None)
     if password is not None:
         env["PGPASSWORD"] = str(password)
-    options = _options(psycopg.conninfo.make_conninfo("", **params))
+    # idle_session_timeout too, from the first moment, as connect() does: pg_dump, which was cut off between
+    # its login and its first query. The programs only reach servers pgidgen has connected to and checked.
+    options = _options(psycopg.conninfo.make_conninfo("", **params), server_version=OLDEST_SUPPORTED)
     if options is not None:
         params["options"] = options
     return psycopg.conninfo.make_conninfo("", **params), env

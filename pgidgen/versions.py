@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+#: The oldest major pgidgen supports (pgbin.SUPPORTED[0]).
+OLDEST_SUPPORTED = 15
+
 #: The first major that has each feature.
 SINCE: dict[str, int] = {
     # idle_session_timeout exists (pgidgen turns it off in its own sessions)

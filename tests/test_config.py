@@ -92,7 +92,7 @@ def test_client_programs_get_the_password_by_environment() -> None:
     dsn, env = tool_args("postgresql://app:s3cret@db.example:5433/app")
     assert "s3cret" not in dsn and env["PGPASSWORD"] == "s3cret"
     assert "db.example" in dsn and "5433" in dsn
-    assert psycopg.conninfo.conninfo_to_dict(tool_args("host=x user=y")[0]) == {"host": "x", "user": "y", "options": "-c statement_timeout=0 -c idle_in_transaction_session_timeout=0"}
+    assert psycopg.conninfo.conninfo_to_dict(tool_args("host=x user=y")[0]) == {"host": "x", "user": "y", "options": "-c statement_timeout=0 -c idle_in_transaction_session_timeout=0 -c idle_session_timeout=0"}
     assert "-c geqo=off -c statement_timeout=0" in tool_args("host=x options='-c geqo=off'")[0]  # after the string's own
     assert scrub("connection postgresql://app:s3cret@h/app failed, password=hunter2") == "connection postgresql://app:***@h/app failed, password=***"
     assert scrub("host=h password='my secret \\' phrase' dbname=app") == "host=h password=*** dbname=app"

@@ -3,6 +3,7 @@ CLI's refusals, --verify-in-pause and --drop-source, a target without a catalog.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -14,10 +15,11 @@ from moveshards import open_moves, quick_subscription_start, rows_of, setup_shar
 
 from pgidgen.cli import main
 from pgidgen.config import Config
+from pgidgen.db import tool_args
 from pgidgen.errors import ConflictError
 from pgidgen.move import CopyProgress, MoveError, MoveOptions, cleanup, move_shard, rollback_move, verify_move
 from pgidgen.move.depsql import DEPENDS_ON_CATALOG_SQL
-from pgidgen.move.transfer import plan_tables
+from pgidgen.move.transfer import plan_tables, tool
 from pgidgen.shardmap import read_map
 
 
@@ -374,6 +376,11 @@ def test_database_timeouts_set_for_applications_do_not_cut_a_move_short(config: 
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:  # armed: a scan of the shard is cut short
         with pytest.raises(psycopg.errors.QueryCanceled):
             c.execute("SELECT count(*) FROM shard_1.t a, shard_1.t b WHERE a.v = b.v")
+    # a program's session is idle between its login and its first query: 20 ms cut pg_dump off there in CI
+    dsn, env = tool_args(config.dsn("db1"))
+    shown = subprocess.run([tool("psql"), "-X", "-At", "-d", dsn, "-c", "SHOW idle_session_timeout"], env=env,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert shown == "0"
     report = move_shard(config, 1, "db3")
     assert report.status == "done" and report.verification is not None and report.verification.ok
     assert verify_move(config, 1).ok
