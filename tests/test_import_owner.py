@@ -14,13 +14,13 @@ import pytest
 from click.testing import CliRunner
 from movekit import leftovers
 from psycopg import sql
-from test_import import SHARDS, _config_file, _rows, app_writer, source, two  # noqa: F401  (fixtures)
+from test_import import SHARDS, _config_file, _killed_at, _rows, app_writer, source, two  # noqa: F401  (fixtures)
 
 from pgidgen import pgbin
 from pgidgen.cli import main
 from pgidgen.config import Config
 from pgidgen.errors import PgidgenError
-from pgidgen.importing import plan_import, resume_import, start_import
+from pgidgen.importing import plan_import, resume_import, rollback_import, start_import
 from pgidgen.lockwait import LockPolicy, LockWaitExceeded
 
 REFUSED = r"public\.(photos|users) was imported into pgidgen's shards \(16 shards on db1, db2; shard = user_id % 16\)"
@@ -138,6 +138,36 @@ def test_a_prepared_import_waits_for_writers_rolls_back_and_the_owner_takes_it_b
     with psycopg.connect(source) as c:
         assert c.execute("SELECT to_regnamespace('pgidgen_import'), (SELECT count(*) FROM pg_trigger WHERE tgname = 'pgidgen_gate')").fetchone() == (None, 0)
         assert c.execute("SELECT relreplident FROM pg_class WHERE oid = 'public.photos'::regclass").fetchone() == ("d",)
+
+
+@pytest.mark.parametrize("point", ["frozen:gate", "after:frozen"])
+def test_a_prepared_import_killed_in_its_cutover(source: str, two: Config, reader: str, tmp_path: Path, point: str) -> None:  # noqa: F811
+    """kill -9 with the gate shut: before the freeze committed (frozen:gate) the application's writes go on at once,
+    nobody having to run anything (a setval is not undone with its transaction: they used to be refused until a
+    --resume or --rollback); after it, they wait for --rollback, or are refused for good once --resume ends."""
+    _prepare(two, source, reader, tmp_path)
+    owner = psycopg.connect(source, autocommit=True)  # the application, as the tables' owner
+    try:
+        _killed_at(two, reader, point)
+        if point == "after:frozen":
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction, match=r"public\.users was imported"):
+                owner.execute("INSERT INTO users VALUES (2000, 'frozen')")
+            rollback_import(two, reader, schema="public")
+            assert sum(1 for _ in _rows(two, "users", "user_id")) == 0
+        owner.execute("INSERT INTO users VALUES (2001, 'serving')")
+        if point == "after:frozen":
+            _killed_at(two, reader, point)
+        done = resume_import(two, reader, schema="public")
+        assert done.step == "done" and done.plan.prepared
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction, match=r"public\.users was imported"):
+            owner.execute("INSERT INTO users VALUES (2002, 'late')")
+        assert owner.execute("SELECT last_value FROM pgidgen_import.gate").fetchone() == (1,)  # shut for good
+        assert sorted(r for _, r in _rows(two, "users", "user_id, name")) == sorted(owner.execute("SELECT user_id, name FROM users").fetchall())
+        assert (2001, "serving") in [r for _, r in _rows(two, "users", "user_id, name")]
+    finally:
+        owner.close()
+    _owner_runs(source, _owner_sql(two, reader, tmp_path, "--rollback"), tmp_path)
+    assert leftovers({"source": source, **two.databases}) == []
 
 
 def _oid(dsn: str) -> int:

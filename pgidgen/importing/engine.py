@@ -308,10 +308,11 @@ def _freeze(config: Config, dsn: str, src: psycopg.Connection[Any], plan: Import
     result.ahead = rounds
     result.sequences_ahead = _sequences_ahead(config, src, plan, before)
     at("frozen:ahead")
-    _stop_writes(config, dsn, src, plan, result, policy)
+    _stop_writes(config, dsn, src, plan, result, policy, at)
 
 
-def _stop_writes(config: Config, dsn: str, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult, policy: LockPolicy | None) -> None:
+def _stop_writes(config: Config, dsn: str, src: psycopg.Connection[Any], plan: ImportPlan, result: ImportResult, policy: LockPolicy | None,
+                 at: Hook) -> None:
     token = uuid.uuid4().hex
     where_to = f"{plan.shard_count} shards on {', '.join(plan.targets)}"
 
@@ -321,6 +322,7 @@ def _stop_writes(config: Config, dsn: str, src: psycopg.Connection[Any], plan: I
             conn.execute(lock.encode())
             conn.execute(b"SET LOCAL lock_timeout = 0")
             conn.execute(shut.encode())
+            at("frozen:gate")  # shut, not committed
             conn.execute(f"INSERT INTO {sql.Identifier(WORK_SCHEMA).as_string(conn)}.heartbeat (token) VALUES (%s)".encode(), (token,))
         else:
             conn.execute(sqltext.lock_sql(plan).encode())
@@ -365,6 +367,8 @@ def _verify(config: Config, src: psycopg.Connection[Any], plan: ImportPlan, resu
     catch-all partitions hold other databases' rows and are not read). Key-of tables: settled a last time first
     (this runs again on --resume), and read on the source by their parent's shard. With --ids next_id, the proof
     again: rows that came while the import followed the source are under the bound too."""
+    if plan.prepared:  # the freeze committed: the gate shut for good, not by its transaction's status (prepared.py)
+        execute_script(src, prepared.shut_sql())
     _compare(config, src, plan, result)
     ahead.disarm(config, plan)  # the shards open next: the application's writes are not recorded
     _carry_sequences(config, src, plan, result.sequences_ahead)  # before the shards open

@@ -7,8 +7,12 @@ gate. The gate stands in for the cutover's LOCK and write-refusing trigger, whic
 make: a statement trigger on every imported table, from the preparation on, whose function (SECURITY DEFINER)
 - takes a shared transaction-level advisory lock, so a write waits while the cutover holds that lock exclusively,
   and the cutover's lock waits for every transaction that has written (they hold theirs to their end);
-- then reads a sequence, the gate, that the cutover sets to 1: a sequence, not a row, because its value is not
-  bound to a snapshot (a REPEATABLE READ transaction begun before the cutover sees the gate shut too).
+- then reads a sequence, the gate: a sequence, not a row, because its value is not bound to a snapshot (a
+  REPEATABLE READ transaction begun before the cutover sees the gate shut too). The cutover's transaction sets it
+  to its own transaction ID, and the gate is shut unless that transaction aborted: a setval is not undone with its
+  transaction, and a cutover killed before its commit (kill -9, a lost connection) would otherwise have left the
+  application's writes refused until someone ran --resume or --rollback. Once the cutover committed, the import
+  sets it to 1: shut for good, whatever becomes of that transaction's status.
 The import's role may set the gate (UPDATE on that sequence, granted by the preparation); the trigger's function
 and the lock it waits on are the owner's.
 
@@ -119,8 +123,10 @@ def owner_sql(plan: ImportPlan, role: str) -> str:
         " full_identity jsonb NOT NULL, undo text NOT NULL, undo_cut_over text NOT NULL);",
         f"CREATE SEQUENCE IF NOT EXISTS {w}.gate MINVALUE 0 START 0;",
         f"CREATE OR REPLACE FUNCTION {w}.gate() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $body$\n"
+        f"DECLARE shut bigint;\n"
         f"BEGIN\n    PERFORM pg_catalog.pg_advisory_xact_lock_shared({k1}, {k2});\n"
-        f"    IF (SELECT last_value FROM {w}.gate) > 0 THEN\n"
+        f"    shut := (SELECT last_value FROM {w}.gate);  -- 0 open, 1 shut, else the cutover's transaction: shut unless it aborted\n"
+        f"    IF shut = 1 OR (shut > 1 AND pg_catalog.pg_xact_status(shut::text::pg_catalog.xid8) IS DISTINCT FROM 'aborted') THEN\n"
         f"        RAISE EXCEPTION USING ERRCODE = 'read_only_sql_transaction', MESSAGE = pg_catalog.format({_lit(message)}, TG_TABLE_SCHEMA, TG_TABLE_NAME);\n"
         f"    END IF;\n    RETURN NULL;\nEND\n$body$;",
         f"REVOKE ALL ON FUNCTION {w}.gate() FROM PUBLIC;",
@@ -172,14 +178,20 @@ def undo_for(conn: psycopg.Connection[Any], schema: str, step: str | None) -> st
 
 
 def close_sql(plan: ImportPlan) -> tuple[str, str]:
-    """The cutover's two statements: the gate's lock (under lock_timeout, retried), then the gate shut."""
+    """The cutover's two statements: the gate's lock (under lock_timeout, retried), then the gate shut by this
+    transaction (open again should it abort)."""
     k1, k2 = lock_keys(plan.schema)
     return (f"SELECT pg_catalog.pg_advisory_xact_lock({k1}, {k2});",
-            f"SELECT pg_catalog.setval({_lit(_q(WORK_SCHEMA, 'gate'))}, 1);")
+            f"SELECT pg_catalog.setval({_lit(_q(WORK_SCHEMA, 'gate'))}, pg_catalog.pg_current_xact_id()::text::bigint);")
 
 
 def open_sql() -> str:
     return f"SELECT pg_catalog.setval({_lit(_q(WORK_SCHEMA, 'gate'))}, 0);\n"
+
+
+def shut_sql() -> str:
+    """Once the cutover committed: shut for good (its transaction's status is forgotten some day)."""
+    return f"SELECT pg_catalog.setval({_lit(_q(WORK_SCHEMA, 'gate'))}, 1);\n"
 
 
 def forget_sql(schema: str) -> str:
