@@ -118,10 +118,15 @@ def serving(config: Config) -> dict[int, list[str]]:
     return out
 
 
-def pgidgen(config_file: Path, *args: str) -> subprocess.Popen[str]:
+def pgidgen(config_file: Path, *args: str, pause_per_shard: float | None = None) -> subprocess.Popen[str]:
     """pgidgen in a process group of its own (its pid is the group's id), as a shell runs a foreground job: the
-    group's SIGINT is a Ctrl-C."""
-    return subprocess.Popen([str(Path(sys.executable).parent / "pgidgen"), "--config", str(config_file), *args],
+    group's SIGINT is a Ctrl-C. pause_per_shard: the batches' estimate of a shard's pause (batches.PAUSE_PER_SHARD_S),
+    for a test that needs a few shards cut into several batches."""
+    argv = [str(Path(sys.executable).parent / "pgidgen")]
+    if pause_per_shard is not None:
+        argv = [sys.executable, "-c", "import sys; from pgidgen.move import batches; from pgidgen.cli import main;"
+                f" batches.PAUSE_PER_SHARD_S = {pause_per_shard!r}; sys.argv[0] = 'pgidgen'; main()"]
+    return subprocess.Popen([*argv, "--config", str(config_file), *args],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 

@@ -31,6 +31,7 @@ from moveshards import (  # noqa: F401 (quick_subscription_start: an autouse fix
 )
 
 from pgidgen.config import Config
+from pgidgen.move import batches as batches_
 from pgidgen.move import plan_shards
 from pgidgen.ranges import collapse
 from pgidgen.shardmap import read_map
@@ -38,11 +39,13 @@ from pgidgen.shardmap import read_map
 pytestmark = pytest.mark.sensitive  # replication workers and signals differ between majors: runs on every one
 
 SHARDS = 40  # all on db1, moved to db2 in several batches (by their estimated pause)
+PAUSE_PER_SHARD = 0.045  # an estimate that cuts them into batches of about ten
 
 
 def test_ctrl_c_during_move_shard_finishes_the_batch_in_flight_and_the_printed_command_moves_the_rest(
-    config: Config, config_file: Path,
+    config: Config, config_file: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(batches_, "PAUSE_PER_SHARD_S", PAUSE_PER_SHARD)  # the plan below, as the process cuts it
     setup_on_one(config, SHARDS, rows=50)
     with psycopg.connect(config.dsn("db1"), autocommit=True) as c:  # a table too large to come through pgidgen: a psql streams it
         c.execute("CREATE TABLE shard_0.big (id int PRIMARY KEY, note text)")
@@ -57,7 +60,7 @@ def test_ctrl_c_during_move_shard_finishes_the_batch_in_flight_and_the_printed_c
     for w in writers.values():
         w.start()
     try:
-        proc = pgidgen(config_file, "move-shard", f"0-{SHARDS - 1}", "db2")
+        proc = pgidgen(config_file, "move-shard", f"0-{SHARDS - 1}", "db2", pause_per_shard=PAUSE_PER_SHARD)
         caught, twice, out, err = ctrl_c_in_flight(proc, config, twice=True)  # the first batch; and again: it still finishes
         assert caught, f"the first batch ended before it was seen in flight with a client program running:\n{err}"
         assert twice, f"the first batch ended before the second Ctrl-C:\n{err}"

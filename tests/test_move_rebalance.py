@@ -13,6 +13,7 @@ from moveshards import journal_statuses, no_bytes, quick_subscription_start, row
 
 from pgidgen.cli import main
 from pgidgen.config import Config
+from pgidgen.move import batches as batches_
 from pgidgen.move import cleanup, move_shard, rollback_move
 from pgidgen.move.rebalance import plan_rebalance, spread
 from pgidgen.ranges import expand
@@ -130,9 +131,11 @@ def test_rebalance_moves_a_shard_with_an_unlogged_table(config: Config, config_f
     assert leftovers(config.databases) == []
 
 
-def test_rebalance_dry_run_shows_the_batches_a_run_then_moves(config: Config, config_file: Path) -> None:
+def test_rebalance_dry_run_shows_the_batches_a_run_then_moves(config: Config, config_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """36 shards on db1 spread over three databases: 12 moves per pair, cut as a run cuts them (by the estimate,
-    ten shards of two tables fill half of --max-pause 1s), shown in text and JSON; the run moves those batches."""
+    here ten shards of two tables fill half of --max-pause 1s), shown in text and JSON; the run moves those batches."""
+    monkeypatch.setattr(batches_, "PAUSE_PER_SHARD_S", 0.006)
+    monkeypatch.setattr(batches_, "PAUSE_PER_TABLE_S", 0.018)
     setup_on_one(config, 36)
     runner = CliRunner()
     summary = runner.invoke(main, ["--config", str(config_file), "rebalance", "--by", "count", "--dry-run"])

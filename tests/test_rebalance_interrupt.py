@@ -46,7 +46,8 @@ def test_ctrl_c_during_a_rebalance_leaves_nothing_half_done_and_the_next_one_con
     for w in writers.values():
         w.start()
     try:
-        proc = pgidgen(config_file, "rebalance", "--by", "count", "--parallel", "2")
+        # 45 ms a shard: batches of about ten, each pair's twenty in several
+        proc = pgidgen(config_file, "rebalance", "--by", "count", "--parallel", "2", pause_per_shard=0.045)
         caught, _, out, err = ctrl_c_in_flight(proc, config)  # each pair's first batch
         assert caught, f"the first batches ended before one was seen in flight with a client program running:\n{err}"
         assert proc.returncode == 1, (proc.returncode, out, err)
