@@ -152,7 +152,7 @@ def test_kill9_of_a_batch_while_frozen_then_resume_by_another_of_its_shards(conf
 
 def test_a_batch_whose_estimated_pause_exceeds_max_pause_is_cut(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
     setup_shards(config, rows=20)
-    # each shard's cutover estimated at about 190 ms: half of --max-pause 1s holds two
+    # each shard's cutover estimated at about 150 ms: 0.4 of --max-pause 1s holds two
     monkeypatch.setattr(batches, "PAUSE_PER_SHARD_S", 0.15)
     done: list[list[int]] = []
     reports = move_shards(config, BATCH, "db3", options=MoveOptions(max_pause=1.0), on_batch=lambda r: done.append(r.shards))
@@ -351,8 +351,8 @@ def test_the_dry_runs_forecast_follows_the_pacer() -> None:
 
     costs = [ShardCost(i, 2, 8) for i in range(680)]
     pacer = Pacer(1.0, 100_000)
-    assert [len(b) for b in pacer.run_through(costs)] == [149, 149, 149, 149, 84]  # 3 ms a shard of two tables
-    assert [len(b) for b in pacer.run_through(costs, ratio=0.5)] == [149, 299, 232]
+    assert [len(b) for b in pacer.run_through(costs)] == [116] * 5 + [100]  # 3 ms a shard of two tables
+    assert [len(b) for b in pacer.run_through(costs, ratio=0.5)] == [116, 233, 331]
     assert pacer.scale == 1.0  # the forecast leaves the pacer as it was
     assert [len(b) for b in Pacer(None, 100_000).run_through(costs, ratio=0.1)] == [680]  # offline: by locks only
 
@@ -371,7 +371,7 @@ def test_batches_cut_down_to_one_shard_grow_again_when_pauses_allow() -> None:
         sizes.append(len(batch.costs))
         costs = costs[len(batch.costs):]
         pacer.measured(batch, 0.06 + 0.01 * len(batch.costs))  # the pauses: 10 ms a shard
-    assert sizes[0] == 1 and max(sizes) >= 40, sizes
+    assert sizes[0] == 1 and max(sizes) >= 30, sizes  # as many as 10 ms a shard fits in 0.4 s
 
 
 def test_a_set_move_that_fails_after_some_batches_reports_them_and_the_rest(config: Config, config_file: Path) -> None:
