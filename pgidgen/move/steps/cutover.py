@@ -141,6 +141,10 @@ class CutoverSteps(MoverBase):
         # the pause reads every sequence of the batch on this connection after the flip (activate): opening them
         # here first leaves it only their values to read there (1 ms a shard on a connection new to them)
         self.admin.execute(q.SEQUENCE_VALUES_SQL, (schemas,)).fetchall()
+        # and on the target, where activate advances the batch's generators and sets its sequences: the copy made
+        # them on this connection, but its commit dropped their cache entries (measured on 15, 300 shards: 94 ms
+        # of that work on cold entries, 31 ms on warm ones)
+        self.tgt.execute(q.SEQUENCE_VALUES_SQL, (schemas,)).fetchall()
         committed = False
         try:
             t_start = time.perf_counter()
