@@ -15,7 +15,7 @@ from moveshards import Crash, crash_at, journal_statuses, no_bytes, quick_subscr
 from pgidgen.cli import main
 from pgidgen.config import Config
 from pgidgen.init import init
-from pgidgen.move import MoveOptions, move_shard
+from pgidgen.move import MoveOptions, batches, move_shard
 from pgidgen.move.balance import FLOOR, spread_bytes
 from pgidgen.move.rebalance import plan_rebalance, rebalance, spread
 from pgidgen.shardmap import read_map
@@ -180,9 +180,11 @@ def test_drop_source_keeps_a_copy_its_resumed_verification_found_different(confi
     assert leftovers(config.databases) == []
 
 
-def test_a_rebalance_run_again_keeps_the_max_pause_its_unfinished_move_started_with(config: Config, config_file: Path) -> None:
+def test_a_rebalance_run_again_keeps_the_max_pause_its_unfinished_move_started_with(config: Config, config_file: Path,
+                                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The rebalance that finishes an earlier one's interrupted move bounds its write pause by the --max-pause that
     move started with unless one is given again (as move-shard --resume; found by a review: the default 1s)."""
+    monkeypatch.setattr(batches, "PAUSE_PER_SHARD_S", 0.15)  # one shard a batch under --max-pause 200ms
     setup_shards(config, rows=20)
     with pytest.raises(Crash):
         rebalance(config, ["db1", "db3"], parallel=1, by="count", options=MoveOptions(max_pause=0.2), hook=crash_at("cutover"))
