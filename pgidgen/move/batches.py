@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 PAUSE_BASE_S = 0.05
 PAUSE_PER_SHARD_S = 0.002
 PAUSE_PER_TABLE_S = 0.0005
-#: The share of --max-pause a batch's estimated pause may take: the pacer holds pauses near it, and under load one
-#: in twenty came in at twice its estimate (8192 shards on 15 at half: median 460 ms, the longest 1003 ms).
+#: The share of --max-pause a batch's estimated pause may take: the pacer holds pauses near it, and under load a
+#: pause came in at up to twice its estimate (8192 shards on 15 at half: median 460 ms, the longest 1003 ms).
 PAUSE_SHARE = 0.4
 #: The share of a server's lock table (max_locks_per_transaction * (max_connections + max_prepared_transactions))
 #: one batch's transactions may take: two batches may run at once, beside the applications.
