@@ -46,6 +46,10 @@ def _shard_of(plan: ImportPlan, alias: str) -> str:
     return _s(sql.SQL("((({} % {}) + {}) % {})").format(sql.Identifier(alias, plan.key), n, n, n))
 
 
+def _lit(text: str) -> str:
+    return _s(sql.Literal(text))
+
+
 def _cols(t: TablePlan, alias: str = "") -> str:
     return ", ".join(_q(alias, c) if alias else _q(c) for c in t.pk)
 
@@ -125,6 +129,7 @@ CREATE FUNCTION {settle}(whole boolean, phase int) RETURNS bigint LANGUAGE plpgs
 DECLARE
     s int;
     n bigint;
+    k name;
 BEGIN
     IF phase = 1 THEN  -- the keys taken (whole: every row, after the copy; again on a resume)
         IF whole THEN
@@ -164,7 +169,14 @@ BEGIN
     END IF;
     CREATE INDEX ON pg_temp.pgidgen_r (shard);
     ANALYZE pg_temp.pgidgen_r;
+    IF whole THEN  -- every row's place at once (phase 2 emptied it): its primary key built after the rows
+        SELECT c.conname INTO k FROM pg_catalog.pg_constraint c WHERE c.conrelid = {_lit(at)}::pg_catalog.regclass AND c.contype = 'p';
+        EXECUTE pg_catalog.format('ALTER TABLE %s DROP CONSTRAINT %I', {_lit(at)}, k);
+    END IF;
     INSERT INTO {at} SELECT {", ".join(f"(x.r).{_q(c)}" for c in t.pk)}, x.shard FROM pg_temp.pgidgen_r x;
+    IF whole THEN
+        EXECUTE pg_catalog.format('ALTER TABLE %s ADD CONSTRAINT %I PRIMARY KEY (%s)', {_lit(at)}, k, {_lit(pk)});
+    END IF;
     FOR s IN SELECT DISTINCT x.shard FROM pg_temp.pgidgen_r x LOOP
         EXECUTE pg_catalog.format({into}, 'shard_' || s) USING s;
     END LOOP;
