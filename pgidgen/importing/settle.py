@@ -26,6 +26,7 @@ from ..config import Config
 from ..db import connect, each_database, execute_script, pg_message
 from ..errors import DatabaseError, PgidgenError
 from ..idgen import schema_name
+from ..render import literal
 from .source import WORK_SCHEMA, ImportPlan, TablePlan
 from .sqltext import parents_of, shard_filter
 
@@ -44,10 +45,6 @@ def _shard_of(plan: ImportPlan, alias: str) -> str:
     """The Router's rule on the parent's key (source.shard_expr, qualified by the parent's alias)."""
     n = sql.Literal(plan.shard_count)
     return _s(sql.SQL("((({} % {}) + {}) % {})").format(sql.Identifier(alias, plan.key), n, n, n))
-
-
-def _lit(text: str) -> str:
-    return _s(sql.Literal(text))
 
 
 def _cols(t: TablePlan, alias: str = "") -> str:
@@ -170,12 +167,12 @@ BEGIN
     CREATE INDEX ON pg_temp.pgidgen_r (shard);
     ANALYZE pg_temp.pgidgen_r;
     IF whole THEN  -- every row's place at once (phase 2 emptied it): its primary key built after the rows
-        SELECT c.conname INTO k FROM pg_catalog.pg_constraint c WHERE c.conrelid = {_lit(at)}::pg_catalog.regclass AND c.contype = 'p';
-        EXECUTE pg_catalog.format('ALTER TABLE %s DROP CONSTRAINT %I', {_lit(at)}, k);
+        SELECT c.conname INTO k FROM pg_catalog.pg_constraint c WHERE c.conrelid = {literal(at)}::pg_catalog.regclass AND c.contype = 'p';
+        EXECUTE pg_catalog.format('ALTER TABLE %s DROP CONSTRAINT %I', {literal(at)}, k);
     END IF;
     INSERT INTO {at} SELECT {", ".join(f"(x.r).{_q(c)}" for c in t.pk)}, x.shard FROM pg_temp.pgidgen_r x;
     IF whole THEN
-        EXECUTE pg_catalog.format('ALTER TABLE %s ADD CONSTRAINT %I PRIMARY KEY (%s)', {_lit(at)}, k, {_lit(pk)});
+        EXECUTE pg_catalog.format('ALTER TABLE %s ADD CONSTRAINT %I PRIMARY KEY (%s)', {literal(at)}, k, {literal(pk)});
     END IF;
     FOR s IN SELECT DISTINCT x.shard FROM pg_temp.pgidgen_r x LOOP
         EXECUTE pg_catalog.format({into}, 'shard_' || s) USING s;
