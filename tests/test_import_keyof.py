@@ -26,7 +26,12 @@ from pgidgen.routing import Router
 LIKES = """
 CREATE TABLE likes (id bigserial PRIMARY KEY, photo_id bigint NOT NULL REFERENCES photos (id) ON DELETE CASCADE, n int);
 INSERT INTO likes (photo_id, n) SELECT 1 + g % 300, g FROM generate_series(1, 400) g;
+COMMENT ON CONSTRAINT likes_photo_id_fkey ON likes IS 'a like is of a photo';
+ALTER TABLE likes ADD reply_to bigint, ADD CONSTRAINT likes_reply_to_fkey FOREIGN KEY (reply_to) REFERENCES likes (id) NOT VALID;
 """
+#: the shards' foreign keys from likes as the source's dump made them (the first settle drops and adds them again)
+LIKES_FKS = [("likes_photo_id_fkey", "FOREIGN KEY (photo_id) REFERENCES shard_0.photos(id) ON DELETE CASCADE", True, "a like is of a photo"),
+             ("likes_reply_to_fkey", "FOREIGN KEY (reply_to) REFERENCES shard_0.likes(id) NOT VALID", False, None)]
 ROUTE = parse_key_of(["likes=photo_id:photos.id"])
 
 
@@ -92,6 +97,8 @@ def test_key_of_rows_follow_their_parent_under_a_writer(keyed: str, two: Config)
     assert all(shard == want[like] % SHARDS for like, shard in placed.items())
     assert leftovers({"source": keyed, **two.databases}) == []
     with psycopg.connect(two.databases["db1"]) as c:
+        assert c.execute("SELECT conname, pg_get_constraintdef(oid), convalidated, obj_description(oid, 'pg_constraint') FROM pg_constraint"
+                         " WHERE conrelid = 'shard_0.likes'::regclass AND contype = 'f' ORDER BY 1").fetchall() == LIKES_FKS
         assert c.execute("SELECT to_regclass('public.likes'), to_regnamespace('pgidgen_import')").fetchone() == (None, None)
 
 
