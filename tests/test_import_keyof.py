@@ -169,6 +169,19 @@ def test_stopped_after_the_copy_then_resumed(keyed: str, two: Config) -> None:  
     assert leftovers({"source": keyed, **two.databases}) == []
 
 
+def test_a_not_valid_foreign_key_still_checks_each_row(keyed: str, two: Config) -> None:  # noqa: F811
+    """The first settle adds a shard's validated foreign keys from likes again after its rows; a NOT VALID one it
+    leaves in place, checking each row as it goes in (added again, it would check none): a like that replies to a
+    like in another shard fails the settle, and a rollback leaves nothing."""
+    with psycopg.connect(keyed, autocommit=True) as c:
+        c.execute("UPDATE likes SET reply_to = (SELECT l.id FROM likes l JOIN photos p ON p.id = l.photo_id WHERE p.user_id %% %s <> ("
+                  " SELECT p1.user_id %% %s FROM likes l1 JOIN photos p1 ON p1.id = l1.photo_id WHERE l1.id = 1) LIMIT 1) WHERE id = 1", (SHARDS, SHARDS))
+    with pytest.raises(PgidgenError, match='violates foreign key constraint "likes_reply_to_fkey"'):
+        start_import(two, keyed, schema="public", key="user_id", skip=["countries"], key_of=ROUTE)
+    rollback_import(two, keyed, schema="public")
+    assert _rows(two, "likes", "id") == [] and leftovers({"source": keyed, **two.databases}) == []
+
+
 def test_imported_shards_rebalance_to_a_third_database(keyed: str, fresh_dsns: dict[str, str], config: Config) -> None:  # noqa: F811
     """After the import, the shards are like any: a rebalance onto a database that joined later moves them, rows,
     routes and all, and the Router finds a user's rows there."""

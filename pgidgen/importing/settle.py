@@ -97,8 +97,9 @@ def staging_sql(plan: ImportPlan, database: str, t: TablePlan) -> str:
     parent's map taken again and its children marked dirty); 2, children first, takes those rows out of the shards;
     3, parents first, puts them where they now go. So the shards' foreign keys from child to parent (the source's,
     dumped) hold at every statement: a like leaves its shard after its comments, and comes back before them. The
-    first (whole) settle drops a shard's foreign keys from the table while it fills it and adds them again after (as
-    pg_get_constraintdef says, comments kept): one join each checks the rows, not one lookup per row."""
+    first (whole) settle drops a shard's validated foreign keys from the table while it fills it and adds them again
+    after (as pg_get_constraintdef says, comments kept): one join each checks the rows, not one lookup per row. A NOT
+    VALID one stays, and checks each row as it goes in (added again, it would check none)."""
     assert t.parent and t.via and t.parent_column
     first = _q(schema_name(plan.targets[database][0]), t.name)
     table, dirty, at = _q(plan.schema, t.name), _q(WORK_SCHEMA, f"{t.name}_dirty"), _q(WORK_SCHEMA, f"{t.name}_at")
@@ -187,13 +188,13 @@ BEGIN
                    pg_catalog.array_agg(pg_catalog.obj_description(c.oid, 'pg_constraint') ORDER BY c.conname)
               INTO fks, defs, notes FROM pg_catalog.pg_constraint c
              WHERE c.conrelid = pg_catalog.format('%I.%I', 'shard_' || s, {literal(t.name)})::pg_catalog.regclass
-               AND c.contype = 'f' AND c.conparentid = 0;
+               AND c.contype = 'f' AND c.conparentid = 0 AND c.convalidated;  -- a NOT VALID one checks the rows as before
             FOR i IN 1 .. coalesce(pg_catalog.array_length(fks, 1), 0) LOOP
                 EXECUTE pg_catalog.format('ALTER TABLE %I.%I DROP CONSTRAINT %I', 'shard_' || s, {literal(t.name)}, fks[i]);
             END LOOP;
         END IF;
         EXECUTE pg_catalog.format({into}, 'shard_' || s) USING s;
-        FOR i IN 1 .. coalesce(pg_catalog.array_length(fks, 1), 0) LOOP  -- as they were: NOT VALID kept, comments too
+        FOR i IN 1 .. coalesce(pg_catalog.array_length(fks, 1), 0) LOOP  -- as they were, comments too
             EXECUTE pg_catalog.format('ALTER TABLE %I.%I ADD CONSTRAINT %I %s', 'shard_' || s, {literal(t.name)}, fks[i], defs[i]);
             IF notes[i] IS NOT NULL THEN
                 EXECUTE pg_catalog.format('COMMENT ON CONSTRAINT %I ON %I.%I IS %L', fks[i], 'shard_' || s, {literal(t.name)}, notes[i]);
