@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from movekit import leftovers
 from test_import import SHARDS, _config_file, _rows, source, two  # noqa: F401
 
+from pgidgen import locktable
 from pgidgen.cli import main
 from pgidgen.config import Config
 from pgidgen.errors import PgidgenError
@@ -49,6 +50,14 @@ def _placed(cfg: Config) -> dict[int, int]:
         assert like not in at, f"like {like} in shards {at[like]} and {shard}"
         at[like] = shard
     return at
+
+
+def _fks_added_again(c: psycopg.Connection[Any]) -> dict[str, bool]:
+    """Each foreign key name of the shards' likes on a database -> whether the first settle added it again in every
+    shard (after the rows), by oid: its oids are then all above those of the shards' tables and indexes."""
+    rows = c.execute("SELECT conname, min(oid) > (SELECT max(oid) FROM pg_class WHERE relnamespace::regnamespace::text LIKE 'shard%%')"
+                     " FROM pg_constraint WHERE conrelid::regclass::text LIKE 'shard%%.likes' AND contype = 'f' GROUP BY 1").fetchall()
+    return dict(rows)
 
 
 def _under_writer(source: str, cfg: Config, route: dict[str, KeyOf], step: Callable[[psycopg.Connection[Any], int], None]) -> ImportResult:
@@ -99,6 +108,7 @@ def test_key_of_rows_follow_their_parent_under_a_writer(keyed: str, two: Config)
     with psycopg.connect(two.databases["db1"]) as c:
         assert c.execute("SELECT conname, pg_get_constraintdef(oid), convalidated, obj_description(oid, 'pg_constraint') FROM pg_constraint"
                          " WHERE conrelid = 'shard_0.likes'::regclass AND contype = 'f' ORDER BY 1").fetchall() == LIKES_FKS
+        assert _fks_added_again(c) == {"likes_photo_id_fkey": True, "likes_reply_to_fkey": False}
         assert c.execute("SELECT to_regclass('public.likes'), to_regnamespace('pgidgen_import')").fetchone() == (None, None)
 
 
@@ -169,17 +179,32 @@ def test_stopped_after_the_copy_then_resumed(keyed: str, two: Config) -> None:  
     assert leftovers({"source": keyed, **two.databases}) == []
 
 
-def test_a_not_valid_foreign_key_still_checks_each_row(keyed: str, two: Config) -> None:  # noqa: F811
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_not_valid_foreign_key_still_checks_each_row(keyed: str, two: Config, deferred: bool) -> None:  # noqa: F811
     """The first settle adds a shard's validated foreign keys from likes again after its rows; a NOT VALID one it
     leaves in place, checking each row as it goes in (added again, it would check none): a like that replies to a
-    like in another shard fails the settle, and a rollback leaves nothing."""
+    like in another shard fails the settle, and a rollback leaves nothing. Deferred, its pending checks would make
+    the ALTER TABLE fail: the settle then checks every foreign key row by row."""
     with psycopg.connect(keyed, autocommit=True) as c:
+        if deferred:
+            c.execute("ALTER TABLE likes ALTER CONSTRAINT likes_reply_to_fkey DEFERRABLE INITIALLY DEFERRED")
         c.execute("UPDATE likes SET reply_to = (SELECT l.id FROM likes l JOIN photos p ON p.id = l.photo_id WHERE p.user_id %% %s <> ("
                   " SELECT p1.user_id %% %s FROM likes l1 JOIN photos p1 ON p1.id = l1.photo_id WHERE l1.id = 1) LIMIT 1) WHERE id = 1", (SHARDS, SHARDS))
     with pytest.raises(PgidgenError, match='violates foreign key constraint "likes_reply_to_fkey"'):
         start_import(two, keyed, schema="public", key="user_id", skip=["countries"], key_of=ROUTE)
     rollback_import(two, keyed, schema="public")
     assert _rows(two, "likes", "id") == [] and leftovers({"source": keyed, **two.databases}) == []
+
+
+def test_the_lock_table_full_the_settle_checks_row_by_row(keyed: str, two: Config, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """With no share of the lock table to fill (locktable.HEADROOM 0), the first settle keeps the shards' foreign
+    keys in place and checks each row, as when the lock table is short: the import completes all the same."""
+    monkeypatch.setattr(locktable, "HEADROOM", 0.0)
+    done = start_import(two, keyed, schema="public", key="user_id", skip=["countries"], key_of=ROUTE)
+    assert done.step == "done" and len(_placed(two)) == 400
+    for dsn in two.databases.values():
+        with psycopg.connect(dsn) as c:
+            assert _fks_added_again(c) == {"likes_photo_id_fkey": False, "likes_reply_to_fkey": False}
 
 
 def test_imported_shards_rebalance_to_a_third_database(keyed: str, fresh_dsns: dict[str, str], config: Config) -> None:  # noqa: F811

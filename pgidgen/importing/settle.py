@@ -22,6 +22,7 @@ import psycopg
 import psycopg.errors
 from psycopg import sql
 
+from .. import locktable
 from ..config import Config
 from ..db import connect, each_database, execute_script, pg_message
 from ..errors import DatabaseError, PgidgenError
@@ -97,9 +98,10 @@ def staging_sql(plan: ImportPlan, database: str, t: TablePlan) -> str:
     parent's map taken again and its children marked dirty); 2, children first, takes those rows out of the shards;
     3, parents first, puts them where they now go. So the shards' foreign keys from child to parent (the source's,
     dumped) hold at every statement: a like leaves its shard after its comments, and comes back before them. The
-    first (whole) settle drops a shard's validated foreign keys from the table while it fills it and adds them again
-    after (as pg_get_constraintdef says, comments kept): one join each checks the rows, not one lookup per row. A NOT
-    VALID one stays, and checks each row as it goes in (added again, it would check none)."""
+    first (whole) settle drops a shard's foreign keys from the table to its parent (or itself) while it fills it and
+    adds them again after (as pg_get_constraintdef says, comments kept): one join each checks the rows, not one
+    lookup per row. Left in place, checking each row: a NOT VALID one, one to another table, those of a shard with a
+    deferred check, and those of the shards left once locktable.HEADROOM of the free lock table is used."""
     assert t.parent and t.via and t.parent_column
     first = _q(schema_name(plan.targets[database][0]), t.name)
     table, dirty, at = _q(plan.schema, t.name), _q(WORK_SCHEMA, f"{t.name}_dirty"), _q(WORK_SCHEMA, f"{t.name}_at")
@@ -134,6 +136,12 @@ DECLARE
     defs text[];
     notes text[];
     i int;
+    j int := 0;
+    used bigint;
+    budget bigint;
+    fast boolean := false;
+    rel regclass;
+    par regclass;
 BEGIN
     IF phase = 1 THEN  -- the keys taken (whole: every row, after the copy; again on a resume)
         IF whole THEN
@@ -181,23 +189,38 @@ BEGIN
     IF whole THEN
         EXECUTE pg_catalog.format('ALTER TABLE %s ADD CONSTRAINT %I PRIMARY KEY (%s)', {literal(at)}, k, {literal(pk)});
     END IF;
+    IF whole THEN  -- the lock table's share the checks after the rows may fill (locktable.HEADROOM of what is free)
+        SELECT count(*) INTO used FROM pg_catalog.pg_locks WHERE NOT fastpath;
+        budget := used + ((pg_catalog.current_setting('max_locks_per_transaction')::bigint * (pg_catalog.current_setting('max_connections')::bigint
+                  + pg_catalog.current_setting('max_prepared_transactions')::bigint) - used) * {locktable.HEADROOM})::bigint;
+    END IF;
     FOR s IN SELECT DISTINCT x.shard FROM pg_temp.pgidgen_r x LOOP
-        IF whole THEN  -- the shard's foreign keys from this table checked after its rows, one join each, not per row
+        fks := NULL;
+        IF whole AND j % 32 = 0 THEN  -- each shard's drop and add keeps some 16 locks to the commit, against 3 checked per row
+            SELECT count(*) < budget INTO fast FROM pg_catalog.pg_locks WHERE NOT fastpath;
+        END IF;
+        j := j + 1;
+        IF whole AND fast THEN  -- the shard's foreign keys from this table checked after its rows, one join each, not per row
+            rel := pg_catalog.format('%I.%I', 'shard_' || s, {literal(t.name)})::pg_catalog.regclass;
+            par := pg_catalog.format('%I.%I', 'shard_' || s, {literal(t.parent)})::pg_catalog.regclass;
             SELECT pg_catalog.array_agg(c.conname ORDER BY c.conname),
                    pg_catalog.array_agg(pg_catalog.pg_get_constraintdef(c.oid) ORDER BY c.conname),
                    pg_catalog.array_agg(pg_catalog.obj_description(c.oid, 'pg_constraint') ORDER BY c.conname)
               INTO fks, defs, notes FROM pg_catalog.pg_constraint c
-             WHERE c.conrelid = pg_catalog.format('%I.%I', 'shard_' || s, {literal(t.name)})::pg_catalog.regclass
-               AND c.contype = 'f' AND c.conparentid = 0 AND c.convalidated;  -- a NOT VALID one checks the rows as before
+             WHERE c.conrelid = rel AND c.contype = 'f' AND c.conparentid = 0
+               AND c.convalidated  -- a NOT VALID one stays, checking each row (added again, it would check none)
+               AND c.confrelid IN (rel, par)  -- tables no other session writes meanwhile (hold_sql; the shard's parent)
+               AND NOT EXISTS (SELECT FROM pg_catalog.pg_trigger g WHERE g.tgrelid IN (rel, par) AND g.tgdeferrable);
+               -- a deferred check pending on either table would make the ALTER TABLE fail
             FOR i IN 1 .. coalesce(pg_catalog.array_length(fks, 1), 0) LOOP
-                EXECUTE pg_catalog.format('ALTER TABLE %I.%I DROP CONSTRAINT %I', 'shard_' || s, {literal(t.name)}, fks[i]);
+                EXECUTE pg_catalog.format('ALTER TABLE %s DROP CONSTRAINT %I', rel, fks[i]);
             END LOOP;
         END IF;
         EXECUTE pg_catalog.format({into}, 'shard_' || s) USING s;
         FOR i IN 1 .. coalesce(pg_catalog.array_length(fks, 1), 0) LOOP  -- as they were, comments too
-            EXECUTE pg_catalog.format('ALTER TABLE %I.%I ADD CONSTRAINT %I %s', 'shard_' || s, {literal(t.name)}, fks[i], defs[i]);
+            EXECUTE pg_catalog.format('ALTER TABLE %s ADD CONSTRAINT %I %s', rel, fks[i], defs[i]);
             IF notes[i] IS NOT NULL THEN
-                EXECUTE pg_catalog.format('COMMENT ON CONSTRAINT %I ON %I.%I IS %L', fks[i], 'shard_' || s, {literal(t.name)}, notes[i]);
+                EXECUTE pg_catalog.format('COMMENT ON CONSTRAINT %I ON %s IS %L', fks[i], rel, notes[i]);
             END IF;
         END LOOP;
     END LOOP;
