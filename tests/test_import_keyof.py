@@ -28,10 +28,12 @@ LIKES = """
 CREATE TABLE likes (id bigserial PRIMARY KEY, photo_id bigint NOT NULL REFERENCES photos (id) ON DELETE CASCADE, n int);
 INSERT INTO likes (photo_id, n) SELECT 1 + g % 300, g FROM generate_series(1, 400) g;
 COMMENT ON CONSTRAINT likes_photo_id_fkey ON likes IS 'a like is of a photo';
-ALTER TABLE likes ADD reply_to bigint, ADD CONSTRAINT likes_reply_to_fkey FOREIGN KEY (reply_to) REFERENCES likes (id) NOT VALID;
+ALTER TABLE likes ADD reply_to bigint, ADD CONSTRAINT likes_reply_to_fkey FOREIGN KEY (reply_to) REFERENCES likes (id) NOT VALID,
+                  ADD liker bigint REFERENCES users (user_id);
 """
 #: the shards' foreign keys from likes as the source's dump made them (the first settle drops and adds them again)
-LIKES_FKS = [("likes_photo_id_fkey", "FOREIGN KEY (photo_id) REFERENCES shard_0.photos(id) ON DELETE CASCADE", True, "a like is of a photo"),
+LIKES_FKS = [("likes_liker_fkey", "FOREIGN KEY (liker) REFERENCES shard_0.users(user_id)", True, None),
+             ("likes_photo_id_fkey", "FOREIGN KEY (photo_id) REFERENCES shard_0.photos(id) ON DELETE CASCADE", True, "a like is of a photo"),
              ("likes_reply_to_fkey", "FOREIGN KEY (reply_to) REFERENCES shard_0.likes(id) NOT VALID", False, None)]
 ROUTE = parse_key_of(["likes=photo_id:photos.id"])
 
@@ -108,7 +110,7 @@ def test_key_of_rows_follow_their_parent_under_a_writer(keyed: str, two: Config)
     with psycopg.connect(two.databases["db1"]) as c:
         assert c.execute("SELECT conname, pg_get_constraintdef(oid), convalidated, obj_description(oid, 'pg_constraint') FROM pg_constraint"
                          " WHERE conrelid = 'shard_0.likes'::regclass AND contype = 'f' ORDER BY 1").fetchall() == LIKES_FKS
-        assert _fks_added_again(c) == {"likes_photo_id_fkey": True, "likes_reply_to_fkey": False}
+        assert _fks_added_again(c) == {"likes_liker_fkey": False, "likes_photo_id_fkey": True, "likes_reply_to_fkey": False}
         assert c.execute("SELECT to_regclass('public.likes'), to_regnamespace('pgidgen_import')").fetchone() == (None, None)
 
 
@@ -181,7 +183,7 @@ def test_stopped_after_the_copy_then_resumed(keyed: str, two: Config) -> None:  
 
 @pytest.mark.parametrize("deferred", [False, True])
 def test_a_not_valid_foreign_key_still_checks_each_row(keyed: str, two: Config, deferred: bool) -> None:  # noqa: F811
-    """The first settle adds a shard's validated foreign keys from likes again after its rows; a NOT VALID one it
+    """The first settle adds a shard's validated foreign keys from likes to photos again after its rows; a NOT VALID one it
     leaves in place, checking each row as it goes in (added again, it would check none): a like that replies to a
     like in another shard fails the settle, and a rollback leaves nothing. Deferred, its pending checks would make
     the ALTER TABLE fail: the settle then checks every foreign key row by row."""
@@ -197,14 +199,14 @@ def test_a_not_valid_foreign_key_still_checks_each_row(keyed: str, two: Config, 
 
 
 def test_the_lock_table_full_the_settle_checks_row_by_row(keyed: str, two: Config, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    """With no share of the lock table to fill (locktable.HEADROOM 0), the first settle keeps the shards' foreign
-    keys in place and checks each row, as when the lock table is short: the import completes all the same."""
+    """With no room in the lock table (locktable.HEADROOM 0), the first settle keeps the shards' foreign keys in
+    place and checks each row, as when the lock table is short: the import completes all the same."""
     monkeypatch.setattr(locktable, "HEADROOM", 0.0)
     done = start_import(two, keyed, schema="public", key="user_id", skip=["countries"], key_of=ROUTE)
     assert done.step == "done" and len(_placed(two)) == 400
     for dsn in two.databases.values():
         with psycopg.connect(dsn) as c:
-            assert _fks_added_again(c) == {"likes_photo_id_fkey": False, "likes_reply_to_fkey": False}
+            assert _fks_added_again(c) == {"likes_liker_fkey": False, "likes_photo_id_fkey": False, "likes_reply_to_fkey": False}
 
 
 def test_imported_shards_rebalance_to_a_third_database(keyed: str, fresh_dsns: dict[str, str], config: Config) -> None:  # noqa: F811
