@@ -197,8 +197,7 @@ BEGIN
     INSERT INTO {at} SELECT {", ".join(f"(x.r).{_q(c)}" for c in t.pk)}, x.shard FROM pg_temp.pgidgen_r x;
     IF whole THEN
         EXECUTE pg_catalog.format('ALTER TABLE %s ADD CONSTRAINT %I PRIMARY KEY (%s)', {literal(at)}, k, {literal(pk)});
-    END IF;
-    IF whole THEN  -- the locks this transaction may hold (locktable.room, given by _settle_once)
+        -- the locks this transaction may hold (locktable.room, given by _settle_once)
         room := coalesce(nullif(pg_catalog.current_setting({literal(ROOM_SETTING)}, true), ''), '0')::bigint;
     END IF;
     FOR s IN SELECT DISTINCT x.shard FROM pg_temp.pgidgen_r x LOOP
@@ -416,7 +415,7 @@ def under_writes(conn: psycopg.Connection[Any], script: str | Callable[[psycopg.
     _retried(attempt)
 
 
-def _settle_one(conn: psycopg.Connection[Any], plan: ImportPlan, whole: bool, room: int = 0) -> int:
+def _settle_one(conn: psycopg.Connection[Any], plan: ImportPlan, whole: bool, room: int) -> int:
     """A settle, run again should a change committed after its snapshot fail it (40001: hold_sql keeps the
     subscription's writes to the tables with the key off; a deadlock, 40P01, is retried too). A failed try leaves
     nothing: its dirty keys are taken again by the next, which sees the change."""
