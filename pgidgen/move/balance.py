@@ -12,7 +12,7 @@ or no move would narrow a gap.
 """
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 #: What a shard weighs beyond its bytes: an empty shard (no tables yet) still counts.
@@ -23,19 +23,15 @@ TOLERANCE = 0.01
 
 def _closest(items: list[tuple[int, int]], gap: int, skip: set[int]) -> tuple[int, int] | None:
     """The (weight, shard) of items (sorted) lighter than gap whose weight is closest to gap / 2, the highest shard
-    among equals, skipping shards in skip."""
+    among equals, skipping shards in skip. Found by bisection: shards of equal weight (empty or small ones, a page
+    each) are most of a fleet, and a pass over them per move made a plan of 8192 shards quadratic."""
     i = bisect_right(items, (gap // 2, 1 << 62))
     below = next((items[j] for j in range(i - 1, -1, -1) if items[j][1] not in skip), None)
     above = None
-    for j in range(i, len(items)):
-        w, s = items[j]
-        if w >= gap:
-            break
-        if s in skip:
-            continue
-        if above is not None and w != above[0]:
-            break
-        above = (w, s)  # keep going: the highest shard of this weight
+    first = next((j for j in range(i, len(items)) if items[j][0] >= gap or items[j][1] not in skip), None)
+    if first is not None and items[first][0] < gap:
+        end = bisect_left(items, (items[first][0] + 1, -(1 << 62)))  # past the last of that weight
+        above = next(items[j] for j in range(end - 1, first - 1, -1) if items[j][1] not in skip)
     if below is None or (above is not None and 2 * above[0] - gap < gap - 2 * below[0]):
         return above
     return below
@@ -45,7 +41,7 @@ def _pick(items: list[tuple[int, int]], by_number: list[int], weight: dict[int, 
     best = _closest(items, gap, skip)
     if best is None or 4 * best[0] >= gap:
         return best
-    s = next((s for s in by_number if 2 * weight[s] <= gap and s not in skip), None)
+    s = next((s for s in reversed(by_number) if 2 * weight[s] <= gap and s not in skip), None)
     return best if s is None else (weight[s], s)
 
 
@@ -58,7 +54,7 @@ def spread_bytes(
     weight = {s: sizes.get(s, 0) + FLOOR for shards in held.values() for s in shards}
     load = {n: sum(weight[s] for s in held[n]) for n in names}
     movable = {n: sorted((weight[s], s) for s in held[n] if s not in fixed) for n in names}
-    by_number = {n: sorted((s for s in held[n] if s not in fixed), reverse=True) for n in names}
+    by_number = {n: sorted(s for s in held[n] if s not in fixed) for n in names}  # _pick takes the highest first
     tol = max(FLOOR, int(sum(load.values()) / max(1, len(names)) * TOLERANCE))
     moves: list[tuple[int, str, str]] = []
     while True:
@@ -77,8 +73,8 @@ def spread_bytes(
         if taken is None:
             break
         (w, s), d, r = taken
-        movable[d].remove((w, s))
-        by_number[d].remove(s)
+        del movable[d][bisect_left(movable[d], (w, s))]  # sorted lists: list.remove's pass made the plan quadratic
+        del by_number[d][bisect_left(by_number[d], s)]
         load[d] -= w
         load[r] += w
         moves.append((s, d, r))

@@ -242,7 +242,8 @@ def plan_rebalance(config: Config, databases: Sequence[str] | None = None, *, by
         raise ConfigError("the named databases hold no shards", hint="run 'pgidgen init' first")
     retired = {n: {s for s, st in states[n].shards.items() if st == "retired"} for n in names}
     found, _ = read_each(config, names, read_sizes)
-    sizes = {s: z.bytes for n in names for s, z in found[n].items() if s in set(held[n])}
+    held_sets = {n: set(v) for n, v in held.items()}
+    sizes = {s: z.bytes for n in names for s, z in found[n].items() if s in held_sets[n]}
     finishing = [PlannedMove(s, source, target) for _, shards, source, target in unfinished_moves(config, names, states) for s in shards]
     before = {n: list(v) for n, v in held.items()}
     for m in finishing:  # where the run finds them once it has finished their moves
