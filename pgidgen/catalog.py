@@ -97,18 +97,28 @@ def read_state(conn: psycopg.Connection[Any], *, schemas: bool = True, shard: in
                 "SELECT coalesce(b.shard::int, m.shard), m.source, m.target, m.step FROM pgidgen.moves m"
                 " LEFT JOIN LATERAL pg_catalog.jsonb_array_elements_text(m.detail -> 'shards') AS b (shard) ON true"
                 " WHERE m.status IN ('running', 'failed')")}
+    # One pass over each catalog, grouped by schema: correlated EXISTS per schema made the planner estimate millions
+    # at 8192 shards, past the JIT thresholds (15 spent 586 ms of 686 ms compiling what runs in 50 ms).
     for (name, complete, cached) in conn.execute(
         """
         SELECT n.nspname,
-               EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'pgidgen_counter' AND c.relkind = 'S')
-           AND EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'pgidgen_offset' AND c.relkind = 'S')
-           AND EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid AND p.proname = 'next_id' AND p.pronargdefaults = p.pronargs)  -- callable as next_id()
-           AND (EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid AND p.proname = 'pgidgen_locked_next_id' AND p.pronargs = 0)  -- seqlock's
-                OR EXISTS (SELECT 1 FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang  -- the shared generator's: pgidgen.next_id_of()
-                           WHERE p.pronamespace = n.oid AND p.proname = 'next_id' AND l.lanname = 'sql')),
-               EXISTS (SELECT 1 FROM pg_class c JOIN pg_sequence s ON s.seqrelid = c.oid
-                       WHERE c.relnamespace = n.oid AND c.relname IN ('pgidgen_counter', 'pgidgen_offset') AND s.seqcache <> 1)
-        FROM pg_namespace n WHERE n.nspname ~ '^shard_(0|[1-9][0-9]*)$' AND (%(only)s::text IS NULL OR n.nspname = %(only)s)
+               coalesce(s.seqs = 2 AND f.callable AND (f.locked OR f.shared), false),
+               coalesce(s.cached, false)
+        FROM pg_namespace n
+        LEFT JOIN (SELECT c.relnamespace AS nsp, count(*) AS seqs, bool_or(q.seqcache <> 1) AS cached
+                   FROM pg_class c JOIN pg_sequence q ON q.seqrelid = c.oid
+                   WHERE c.relname IN ('pgidgen_counter', 'pgidgen_offset')
+                     AND (%(only)s::text IS NULL OR c.relnamespace = pg_catalog.to_regnamespace(%(only)s))
+                   GROUP BY c.relnamespace) s ON s.nsp = n.oid
+        LEFT JOIN (SELECT p.pronamespace AS nsp,
+                          bool_or(p.proname = 'next_id' AND p.pronargdefaults = p.pronargs) AS callable,  -- as next_id()
+                          bool_or(p.proname = 'pgidgen_locked_next_id' AND p.pronargs = 0) AS locked,  -- seqlock's
+                          bool_or(p.proname = 'next_id' AND l.lanname = 'sql') AS shared  -- pgidgen.next_id_of()'s
+                   FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+                   WHERE p.proname IN ('next_id', 'pgidgen_locked_next_id')
+                     AND (%(only)s::text IS NULL OR p.pronamespace = pg_catalog.to_regnamespace(%(only)s))
+                   GROUP BY p.pronamespace) f ON f.nsp = n.oid
+        WHERE n.nspname ~ '^shard_(0|[1-9][0-9]*)$' AND (%(only)s::text IS NULL OR n.nspname = %(only)s)
         """, {"only": None if shard is None else f"shard_{shard}"}
     ):
         shard = int(name[len("shard_"):])
