@@ -19,7 +19,7 @@ from ..transfer import COPY_SECTIONS, SchemaDump, Transfer, plan_tables, plan_ta
 from .base import Background, CopyProgress, MoverBase
 from .replication import drop_slots
 
-#: Tables smaller than this (on disk, with indexes) are copied inline (transfer.Transfer.copy_rows).
+#: Tables smaller than this (on disk: their rows and TOAST) are copied inline (transfer.Transfer.copy_rows).
 INLINE_BYTES = 1 << 20
 
 
