@@ -543,3 +543,25 @@ def test_a_connect_timeout_in_the_connection_string_is_the_routers(sharded: Conf
         assert r.run(5, lambda c: c.info.get_parameters().get("connect_timeout")) == "5"
     with connect("db1", own["db1"]) as conn:  # pgidgen's own connections alike
         assert conn.info.get_parameters().get("connect_timeout") == "3"
+
+
+def test_the_map_gives_each_shard_one_owner_and_names_conflicts() -> None:
+    """build_routes over catalogs that disagree: an 'active' row wins over a 'moving' one, two of a kind are a
+    conflict, 'incoming' marks a switch, and a database that is down keeps the shards last seen on it."""
+    from pgidgen.catalog import CatalogState
+    from pgidgen.layout import Layout
+    from pgidgen.routing.mapcache import build_routes
+
+    config = Config(layout=Layout.make(), databases={"db1": "dbname=a", "db2": "dbname=b", "db3": "dbname=c"})
+    states = {
+        "db1": CatalogState(shard_count=8, layout=config.layout, shards={0: "active", 1: "active", 2: "active", 3: "moving", 4: "active", 5: "moving", 6: "retired"}),
+        "db2": CatalogState(shard_count=8, layout=config.layout, shards={1: "moving", 2: "active", 4: "incoming", 5: "moving", 6: "active"}),
+    }
+    m = build_routes(config, states, {"db1": 1, "db2": 1}, {})
+    assert m.owners == {0: ("db1", "active"), 1: ("db1", "active"), 3: ("db1", "moving"), 4: ("db1", "active"), 6: ("db2", "active")}
+    assert m.conflicts == {2: ["db1", "db2"], 5: ["db1", "db2"]}
+    assert m.switching == {4}
+    down = build_routes(config, {"db2": states["db2"]}, {"db2": 1}, {"db1": "connection refused"}, previous=m)
+    assert down.owners == {0: ("db1", "active"), 1: ("db2", "moving"), 2: ("db2", "active"), 3: ("db1", "moving"), 4: ("db1", "active"),
+                           5: ("db2", "moving"), 6: ("db2", "active")}
+    assert down.conflicts == {}

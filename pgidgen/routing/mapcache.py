@@ -130,14 +130,18 @@ def build_routes(
             )
     m = RoutingMap(shard_count=counts.pop(), versions=dict(versions), unreachable=dict(unreachable), uncatalogued=uncatalogued(states),
                    loaded_at=time.monotonic())
-    claims: dict[int, list[tuple[str, str]]] = {}
+    owners = m.owners  # a shard claimed once (nearly all) is owned at once; one claimed by several, below
+    several: dict[int, list[tuple[str, str]]] = {}
     for name, st in states.items():
         for shard, state in st.shards.items():
             if state in SERVING:
-                claims.setdefault(shard, []).append((name, state))
+                first = owners.setdefault(shard, (name, state))
+                if first[0] != name:
+                    several.setdefault(shard, [first]).append((name, state))
             elif state == "incoming":
                 m.switching.add(shard)
-    for shard, dbs in claims.items():
+    for shard, dbs in several.items():
+        del owners[shard]
         active = [d for d in dbs if d[1] == "active"]
         chosen = active if active else dbs
         if len(chosen) > 1:
