@@ -44,7 +44,7 @@ class TableInfo:
     persistence: str  # p permanent, u unlogged
     keys: Keys  # its replica identity and what could serve as one (see identity.py)
     est_rows: int
-    bytes: int  # its rows' main fork and TOAST table (pg_table_size's forks and TOAST index opened each: 3x the time)
+    bytes: int  # its rows' main fork and TOAST table (pg_table_size also opened each TOAST index and read four forks: twice the time)
     unequal: tuple[str, ...] = ()  # when FULL decides: columns whose type has no equality (json, point, ...)
     replica_triggers: tuple[str, ...] = ()  # user triggers ENABLE ALWAYS or ENABLE REPLICA: they fire in the apply worker
 

@@ -147,7 +147,7 @@ def build_routes(
         if len(chosen) > 1:
             m.conflicts[shard] = [d[0] for d in chosen]
         else:
-            m.owners[shard] = chosen[0]
+            owners[shard] = chosen[0]
     if previous is not None:
         for shard, (name, state) in previous.owners.items():
             if name in unreachable and shard not in m.owners and shard not in m.conflicts:
