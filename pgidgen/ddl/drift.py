@@ -273,13 +273,12 @@ def _read(conn: psycopg.Connection[Any], name: str) -> DatabaseDrift:
         ledger = read_ledger(conn)
         if not ledger.has_catalog:
             return DatabaseDrift({}, ledger=ledger)
-        conn.execute(b"SET enable_nestloop = off")  # right after DDL on thousands of shards, catalog statistics are stale
+        # In one round trip: nested loops off, right after DDL on thousands of shards catalog statistics are stale;
         # which before PostgreSQL 18 adds a cost of 10^10 per join it turns off: past jit_above_cost, a server built
-        # with JIT spent 6.6 s of a 6.9 s query compiling it (15, 2000 shards); a catalog query gains nothing from JIT
-        conn.execute(b"SET jit = off")
-        # its relations, sorts and hashes spilled to disk from some 4000 shards a database (4 MB by default): 17% of
-        # the query at 8192 shards; this session's only query, over the catalog, so room for it is a fixed cost
-        conn.execute(b"SET work_mem = '64MB'")
+        # with JIT spent 6.6 s of a 6.9 s query compiling it (15, 2000 shards), and a catalog query gains nothing
+        # from JIT; work_mem, as its relations, sorts and hashes spilled to disk from some 4000 shards a database
+        # (4 MB by default): 17% of the query at 8192 shards; this session's only query, so a fixed cost.
+        conn.execute(b"SET enable_nestloop = off; SET jit = off; SET work_mem = '64MB'")
         rows = conn.execute(FINGERPRINT_SQL.encode()).fetchall()
     except psycopg.Error as e:
         raise translate(name, e, doing="reading the shards' schemas") from None
